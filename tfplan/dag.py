@@ -1,0 +1,219 @@
+"""The training step as a DAG of actions (METHOD.md section 2).
+
+Edges (u -> v: v starts after u ends, plus a lag in ms):
+  rank      each action -> the next action in its rank's list;
+  forward   F(s, m) -> F(s+1, m), lag = p2p_ms when the stages sit on different ranks;
+  backward  B/I(s+1, m) -> B/I(s, m), same lag;
+  stage     F(s, m) -> B/I(s, m) and I(s, m) -> W(s, m).
+Every action has at most one predecessor of each kind, so we store three predecessor slots per node
+(-1 = none) instead of adjacency sets: the simulator and the solver read them as flat arrays.
+`to_networkx` gives the same graph with START/FINISH as a networkx.DiGraph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+
+from tfplan.actions import FREEZABLE, Action
+from tfplan.errors import TfplanError
+from tfplan.profile import Profile, StageCost
+from tfplan.schedules import Schedule
+
+EDGE_KINDS = ("rank", "pipeline", "stage")  # the kind of predecessor slot 0, 1, 2
+
+
+@dataclass(slots=True)
+class Dag:
+    """A schedule's action graph with min/max durations.
+
+    Node i is `actions[i]`; lists are indexed by node. Durations in ms.
+    """
+
+    schedule: Schedule
+    actions: list[Action]
+    rank: list[int]
+    preds: tuple[list[int], list[int], list[int]]
+    """preds[k][i]: node i's predecessor of kind EDGE_KINDS[k], or -1."""
+    lags: tuple[list[float], list[float], list[float]]
+    """lags[k][i]: lag (ms) on the edge preds[k][i] -> i."""
+    d_max: list[float]
+    """Duration with nothing frozen."""
+    d_min: list[float]
+    """Duration with everything frozen (= d_max for fixed actions F and I)."""
+    freezable: list[bool]
+    """B and W actions (their duration can shrink)."""
+    topo: list[int]
+    """A topological order of the nodes."""
+    step_overhead_ms: float = 0.0
+    """Per-step time outside the DAG (from the profile), added to predicted step times."""
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.actions)
+
+    def durations(self, ratios: Sequence[float] | float = 0.0) -> list[float]:
+        """Durations at freeze ratios: d = d_max - r (d_max - d_min) (METHOD.md section 3).
+
+        Args:
+            ratios: one ratio per node (ignored on fixed nodes), or a single ratio for every freezable node.
+        """
+        if isinstance(ratios, (int, float)):
+            r = float(ratios)
+            return [hi - r * (hi - lo) if f else hi for hi, lo, f in zip(self.d_max, self.d_min, self.freezable)]
+        assert len(ratios) == self.num_nodes
+        return [hi - r * (hi - lo) for hi, lo, r in zip(self.d_max, self.d_min, ratios)]
+
+    def edges(self) -> list[tuple[int, int, float, str]]:
+        """Every edge as (u, v, lag_ms, kind); a pair linked by two kinds appears once per kind."""
+        out = []
+        for k, kind in enumerate(EDGE_KINDS):
+            out += [(u, v, lag, kind) for v, (u, lag) in enumerate(zip(self.preds[k], self.lags[k])) if u >= 0]
+        return out
+
+
+def _costs(cost: StageCost, kind: str) -> tuple[float, float]:
+    """(max, min) duration of one action kind on a stage."""
+    if kind == "F":
+        return cost.forward_ms, cost.forward_ms
+    if kind == "B":
+        return cost.backward_ms, cost.backward_frozen_ms
+    if kind == "I":
+        return cost.backward_input_ms, cost.backward_input_ms
+    return cost.backward_weight_ms, cost.backward_weight_frozen_ms
+
+
+def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] | None = None) -> Dag:
+    """Build the DAG of `schedule` with durations from `profile`.
+
+    Raises:
+        TfplanError: the profile does not fit the schedule, or the schedule deadlocks (a cycle).
+    """
+    costs = profile.stage_costs(schedule.num_stages, layers_per_stage)
+    actions = [a for rank_actions in schedule.order for a in rank_actions]
+    node = {a: i for i, a in enumerate(actions)}
+    n = len(actions)
+    rank = [r for r, rank_actions in enumerate(schedule.order) for _ in rank_actions]
+    on_rank = schedule.stage_to_rank
+    p2p = profile.p2p_ms
+
+    prev_rank = [-1] * n
+    i = 0
+    for rank_actions in schedule.order:
+        for j in range(1, len(rank_actions)):
+            prev_rank[i + j] = i + j - 1
+        i += len(rank_actions)
+
+    pipe, pipe_lag, same = [-1] * n, [0.0] * n, [-1] * n
+    last = schedule.num_stages - 1
+    for i, (s, kind, m) in enumerate(actions):
+        if kind == "F":
+            if s > 0:
+                pipe[i] = node[Action(s - 1, "F", m)]
+        elif kind in ("B", "I"):
+            same[i] = node[Action(s, "F", m)]
+            if s < last:
+                up = node.get(Action(s + 1, "B", m))
+                pipe[i] = up if up is not None else node[Action(s + 1, "I", m)]
+        else:  # W
+            same[i] = node[Action(s, "I", m)]
+        if pipe[i] >= 0 and on_rank[actions[pipe[i]].stage] != on_rank[s]:
+            pipe_lag[i] = p2p
+
+    d_max, d_min = [0.0] * n, [0.0] * n
+    for i, a in enumerate(actions):
+        d_max[i], d_min[i] = _costs(costs[a.stage], a.kind)
+    preds = (prev_rank, pipe, same)
+    dag = Dag(
+        schedule=schedule,
+        actions=actions,
+        rank=rank,
+        preds=preds,
+        lags=([0.0] * n, pipe_lag, [0.0] * n),
+        d_max=d_max,
+        d_min=d_min,
+        freezable=[a.kind in FREEZABLE for a in actions],
+        topo=[],
+        step_overhead_ms=profile.step_overhead_ms,
+    )
+    dag.topo = _topological_order(dag)
+    return dag
+
+
+def _topological_order(dag: Dag) -> list[int]:
+    """Kahn's algorithm over the three predecessor slots; a leftover node means a deadlock."""
+    n = dag.num_nodes
+    indegree = [0] * n
+    succ_start = [0] * (n + 1)
+    for slot in dag.preds:
+        for u in slot:
+            if u >= 0:
+                succ_start[u + 1] += 1
+    for i in range(n):
+        succ_start[i + 1] += succ_start[i]
+    succ = [0] * succ_start[n]
+    fill = succ_start[:-1].copy()
+    for slot in dag.preds:
+        for v, u in enumerate(slot):
+            if u >= 0:
+                succ[fill[u]] = v
+                fill[u] += 1
+                indegree[v] += 1
+    order = [v for v in range(n) if indegree[v] == 0]
+    head = 0
+    while head < len(order):
+        u = order[head]
+        head += 1
+        for k in range(succ_start[u], succ_start[u + 1]):
+            v = succ[k]
+            indegree[v] -= 1
+            if indegree[v] == 0:
+                order.append(v)
+    if len(order) < n:
+        _report_cycle(dag, [v for v in range(n) if indegree[v] > 0])
+    return order
+
+
+def _report_cycle(dag: Dag, stuck: list[int]) -> None:
+    graph = nx.DiGraph()
+    stuck_set = set(stuck)
+    for u, v, _, kind in dag.edges():
+        if u in stuck_set and v in stuck_set:
+            graph.add_edge(u, v, kind=kind)
+    cycle = nx.find_cycle(graph)
+    names = [f"{dag.actions[v]} (rank {dag.rank[v]})" for v, _ in cycle]
+    chain = " -> ".join(names + [names[0]])
+    raise TfplanError(
+        f"schedule deadlocks: {len(stuck)} actions can never start; cycle (each waits for the previous): {chain}"
+    )
+
+
+def to_networkx(dag: Dag) -> nx.DiGraph:
+    """The DAG as networkx.DiGraph with START and FINISH.
+
+    Node attributes: action (str), rank, stage, kind, mb, d_min_ms, d_max_ms, freezable.
+    Edge attributes: lag_ms, kinds (tuple of EDGE_KINDS; one pair can be linked by two kinds).
+    """
+    graph = nx.DiGraph()
+    graph.add_node("START", d_min_ms=0.0, d_max_ms=0.0, freezable=False)
+    graph.add_node("FINISH", d_min_ms=0.0, d_max_ms=0.0, freezable=False)
+    for i, a in enumerate(dag.actions):
+        graph.add_node(
+            i, action=str(a), rank=dag.rank[i], stage=a.stage, kind=a.kind, mb=a.mb,
+            d_min_ms=dag.d_min[i], d_max_ms=dag.d_max[i], freezable=dag.freezable[i],
+        )
+    for u, v, lag, kind in dag.edges():
+        if graph.has_edge(u, v):
+            data = graph.edges[u, v]
+            data["lag_ms"] = max(data["lag_ms"], lag)
+            data["kinds"] = data["kinds"] + (kind,)
+        else:
+            graph.add_edge(u, v, lag_ms=lag, kinds=(kind,))
+    for i in range(dag.num_nodes):
+        if graph.in_degree(i) == 0:
+            graph.add_edge("START", i, lag_ms=0.0, kinds=("start",))
+        if graph.out_degree(i) == 0:
+            graph.add_edge(i, "FINISH", lag_ms=0.0, kinds=("finish",))
+    return graph

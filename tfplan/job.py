@@ -1,0 +1,75 @@
+"""Resolve a planning job from the user's options: profile + (named schedule | schedule CSV) -> DAG.
+
+Shared by every planning command (simulate, solve, whatif) so they accept the same options the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tfplan import dag as dag_mod
+from tfplan import profile as profile_mod
+from tfplan import schedules
+from tfplan.errors import TfplanError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobSpec:
+    """What the user asked to plan."""
+
+    profile_path: str
+    """Profile JSON file."""
+    schedule: str | None = None
+    """Named schedule (None when schedule_csv is given)."""
+    schedule_csv: str | None = None
+    """A user's schedule in torch's compute-only CSV format."""
+    num_microbatches: int | None = None
+    """Micro-batches per step (required for a named schedule)."""
+    stages_per_rank: int | None = None
+    """V for multi-stage schedules; None = the schedule's default."""
+    num_ranks: int | None = None
+    """Pipeline ranks; inferred from a per-stage profile, required for a per-layer one."""
+    layers_per_stage: Sequence[int] | None = None
+    """Explicit split of a per-layer profile."""
+
+
+def resolve_schedule(spec: JobSpec, profile: profile_mod.Profile) -> schedules.Schedule:
+    """The schedule the job asks for, generated or loaded, and validated."""
+    if (spec.schedule is None) == (spec.schedule_csv is None):
+        raise TfplanError("give exactly one of --schedule NAME or --schedule-csv PATH")
+    if spec.schedule_csv is not None:
+        if spec.stages_per_rank is not None:
+            raise TfplanError("--stages-per-rank applies to named schedules, not to --schedule-csv")
+        schedule = schedules.load_csv(spec.schedule_csv, spec.num_microbatches)
+        if spec.num_ranks is not None and spec.num_ranks != schedule.num_ranks:
+            raise TfplanError(f"--ranks is {spec.num_ranks} but the schedule CSV has {schedule.num_ranks} ranks")
+        return schedule
+    if spec.num_microbatches is None:
+        raise TfplanError("--microbatches is required with --schedule")
+    sched_spec = schedules.get_spec(spec.schedule)
+    v = sched_spec.default_stages_per_rank if spec.stages_per_rank is None else spec.stages_per_rank
+    ranks = spec.num_ranks
+    if profile.stages is not None:
+        num_stages = len(profile.stages)
+        if num_stages % v:
+            raise TfplanError(
+                f"profile {profile.name!r} has {num_stages} stages, which {v} stages per rank do not divide "
+                f"(schedule {sched_spec.name})"
+            )
+        if ranks is not None and ranks * v != num_stages:
+            raise TfplanError(
+                f"--ranks {ranks} x {v} stages per rank = {ranks * v} stages, but profile {profile.name!r} has "
+                f"{num_stages}"
+            )
+        ranks = num_stages // v
+    elif ranks is None:
+        raise TfplanError(f"profile {profile.name!r} is per layer: give --ranks to say how many ranks to split it over")
+    return schedules.generate(sched_spec.name, ranks, spec.num_microbatches, v)
+
+
+def build(spec: JobSpec) -> tuple[profile_mod.Profile, schedules.Schedule, dag_mod.Dag]:
+    """Load the profile, resolve the schedule and build the DAG."""
+    profile = profile_mod.load(spec.profile_path)
+    schedule = resolve_schedule(spec, profile)
+    return profile, schedule, dag_mod.build(schedule, profile, spec.layers_per_stage)

@@ -1,0 +1,289 @@
+"""Profiles: per-stage (or per-layer) action times in milliseconds, as versioned JSON.
+
+Format (docs/formats.md has the full reference)::
+
+    {"schema_version": 1, "name": "...", "source": {...}, "p2p_ms": 0.0, "step_overhead_ms": 0.0,
+     "stages": [{"forward_ms": 1.0, "backward_ms": 2.0, "backward_frozen_ms": 1.0,
+                 "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "backward_weight_frozen_ms": 0.0}, ...]}
+
+Instead of "stages", a profile may give "layers" (same fields plus an optional "name"); tfplan then splits
+the layers into the schedule's stage count, contiguously and balanced by time (Note [layer partition]).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tfplan.errors import TfplanError
+
+SCHEMA_VERSION = 1
+COST_FIELDS = (
+    "forward_ms",
+    "backward_ms",
+    "backward_frozen_ms",
+    "backward_input_ms",
+    "backward_weight_ms",
+    "backward_weight_frozen_ms",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageCost:
+    """Times of one stage's (or one layer's) actions for one micro-batch, in milliseconds."""
+
+    forward_ms: float
+    """F: forward."""
+    backward_ms: float
+    """B: full backward (input and weight gradients), nothing frozen."""
+    backward_frozen_ms: float
+    """B with every trainable parameter frozen (input-gradient work only; 0 on the first stage)."""
+    backward_input_ms: float
+    """I: input-gradient half of a split backward."""
+    backward_weight_ms: float
+    """W: weight-gradient half of a split backward, nothing frozen."""
+    backward_weight_frozen_ms: float
+    """W with every parameter frozen (near 0)."""
+    name: str = ""
+    """Optional label (layer profiles: 'embed', 'block3', 'head')."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name} if self.name else {}
+        return out | {f: getattr(self, f) for f in COST_FIELDS}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Profile:
+    """A validated profile."""
+
+    name: str
+    """Human-readable name."""
+    source: dict[str, Any] = field(default_factory=dict)
+    """Free-form provenance: kind (measured/analytic/hand), device, torch version, date, formula."""
+    p2p_ms: float = 0.0
+    """Latency added on every edge between two stages on different ranks (ms)."""
+    step_overhead_ms: float = 0.0
+    """Time per step outside the DAG's actions (optimizer step, loss, waits), added to predicted step time."""
+    stages: tuple[StageCost, ...] | None = None
+    """Per-stage costs, or None when the profile is per layer."""
+    layers: tuple[StageCost, ...] | None = None
+    """Per-layer costs, or None when the profile is per stage."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "name": self.name,
+            "source": self.source,
+            "p2p_ms": self.p2p_ms,
+            "step_overhead_ms": self.step_overhead_ms,
+        }
+        key, items = ("stages", self.stages) if self.stages is not None else ("layers", self.layers)
+        out[key] = [c.to_dict() for c in items or ()]
+        return out
+
+    def content_hash(self) -> str:
+        """sha256 of the canonical JSON (sorted keys), so a plan names exactly the profile it came from."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+    def stage_costs(self, num_stages: int, layers_per_stage: Sequence[int] | None = None) -> tuple[StageCost, ...]:
+        """Costs of each of the schedule's stages.
+
+        Args:
+            num_stages: the schedule's stage count S.
+            layers_per_stage: for a per-layer profile, an explicit split (len S, sums to the layer count);
+                None balances the split by time.
+
+        Raises:
+            TfplanError: a per-stage profile with a different stage count, or a bad split.
+        """
+        if self.stages is not None:
+            if layers_per_stage is not None:
+                raise TfplanError(f"profile {self.name!r} is per stage; --layers-per-stage needs a per-layer profile")
+            if len(self.stages) != num_stages:
+                raise TfplanError(
+                    f"profile {self.name!r} has {len(self.stages)} stages but the schedule has {num_stages}; "
+                    f"use a profile with {num_stages} stages or a per-layer profile"
+                )
+            return self.stages
+        assert self.layers is not None
+        counts = _check_split(layers_per_stage, num_stages, len(self.layers)) if layers_per_stage else None
+        return partition_layers(self.layers, num_stages, counts)
+
+
+def _check_split(counts: Sequence[int], num_stages: int, num_layers: int) -> list[int]:
+    if len(counts) != num_stages:
+        raise TfplanError(f"--layers-per-stage gives {len(counts)} stages but the schedule has {num_stages}")
+    if any(c < 1 for c in counts) or sum(counts) != num_layers:
+        raise TfplanError(f"--layers-per-stage must be positive and sum to the {num_layers} layers, got {list(counts)}")
+    return list(counts)
+
+
+def _balanced_split(weights: Sequence[float], parts: int) -> list[int]:
+    """Contiguous split of `weights` into `parts` non-empty groups minimising the largest group sum.
+
+    >>> _balanced_split([1, 1, 1, 1, 4], 2)
+    [4, 1]
+    """
+    n = len(weights)
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    # best[k][i]: smallest possible max-group-sum splitting the first i layers into k groups.
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for i in range(k, n - (parts - k) + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i] - 1e-12:
+                    best[k][i], cut[k][i] = value, j
+    counts, i = [], n
+    for k in range(parts, 0, -1):
+        counts.append(i - cut[k][i])
+        i = cut[k][i]
+    return counts[::-1]
+
+
+def partition_layers(
+    layers: Sequence[StageCost], num_stages: int, counts: Sequence[int] | None = None
+) -> tuple[StageCost, ...]:
+    """Sum contiguous layers into stages.
+
+    Note [layer partition]: balanced by forward + backward time. The first stage needs no input gradient,
+    so its fully frozen backward and its I step are 0 and its W step is the whole backward (as torch runs it).
+    """
+    if len(layers) < num_stages:
+        raise TfplanError(f"profile has {len(layers)} layers, fewer than the {num_stages} stages asked for")
+    if counts is None:
+        counts = _balanced_split([c.forward_ms + c.backward_ms for c in layers], num_stages)
+    stages, start = [], 0
+    for s, count in enumerate(counts):
+        group = layers[start : start + count]
+        start += count
+        total = {f: math.fsum(getattr(c, f) for c in group) for f in COST_FIELDS}
+        if s == 0:
+            total |= {
+                "backward_frozen_ms": 0.0,
+                "backward_input_ms": 0.0,
+                "backward_weight_ms": total["backward_ms"],
+                "backward_weight_frozen_ms": 0.0,
+            }
+        label = f"{group[0].name}..{group[-1].name}" if group[0].name else f"layers {start - count}..{start - 1}"
+        stages.append(StageCost(name=label, **total))
+    return tuple(stages)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# JSON reading and validation
+
+
+def _number(value: Any, path: str, allow_zero: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TfplanError(f"{path}: must be a number, got {json.dumps(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise TfplanError(f"{path}: must be finite, got {value}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise TfplanError(f"{path}: must be {'>=' if allow_zero else '>'} 0, got {value:g}")
+    return value
+
+
+def _check_keys(obj: Any, path: str, required: set[str], optional: set[str]) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise TfplanError(f"{path or 'profile'}: must be an object, got {type(obj).__name__}")
+    prefix = f"{path}." if path else ""
+    for key in sorted(set(obj) - required - optional):
+        raise TfplanError(f"{prefix}{key}: unknown field (known: {', '.join(sorted(required | optional))})")
+    for key in sorted(required - set(obj)):
+        raise TfplanError(f"{prefix}{key}: missing required field")
+    return obj
+
+
+def _cost_from_dict(obj: Any, path: str) -> StageCost:
+    _check_keys(obj, path, set(COST_FIELDS), {"name"})
+    values = {f: _number(obj[f], f"{path}.{f}") for f in COST_FIELDS}
+    if values["backward_frozen_ms"] > values["backward_ms"]:
+        raise TfplanError(
+            f"{path}.backward_frozen_ms: must be <= backward_ms ({values['backward_ms']:g}), "
+            f"got {values['backward_frozen_ms']:g}"
+        )
+    if values["backward_weight_frozen_ms"] > values["backward_weight_ms"]:
+        raise TfplanError(
+            f"{path}.backward_weight_frozen_ms: must be <= backward_weight_ms ({values['backward_weight_ms']:g}), "
+            f"got {values['backward_weight_frozen_ms']:g}"
+        )
+    name = obj.get("name", "")
+    if not isinstance(name, str):
+        raise TfplanError(f"{path}.name: must be a string")
+    return StageCost(name=name, **values)
+
+
+def from_dict(obj: Any) -> Profile:
+    """Validate a parsed profile JSON object; every error names the field path."""
+    top = {"schema_version", "name", "p2p_ms"}
+    _check_keys(obj, "", top, {"source", "stages", "layers", "step_overhead_ms"})
+    if obj["schema_version"] != SCHEMA_VERSION:
+        raise TfplanError(f"schema_version: must be {SCHEMA_VERSION}, got {json.dumps(obj['schema_version'])}")
+    if not isinstance(obj["name"], str) or not obj["name"]:
+        raise TfplanError("name: must be a non-empty string")
+    source = obj.get("source", {})
+    if not isinstance(source, dict):
+        raise TfplanError("source: must be an object")
+    if ("stages" in obj) == ("layers" in obj):
+        raise TfplanError("stages: give exactly one of 'stages' (per stage) or 'layers' (per layer)")
+    key = "stages" if "stages" in obj else "layers"
+    items = obj[key]
+    if not isinstance(items, list) or not items:
+        raise TfplanError(f"{key}: must be a non-empty list")
+    costs = tuple(_cost_from_dict(item, f"{key}[{i}]") for i, item in enumerate(items))
+    return Profile(
+        name=obj["name"],
+        source=source,
+        p2p_ms=_number(obj["p2p_ms"], "p2p_ms"),
+        step_overhead_ms=_number(obj.get("step_overhead_ms", 0.0), "step_overhead_ms"),
+        stages=costs if key == "stages" else None,
+        layers=costs if key == "layers" else None,
+    )
+
+
+def load(path: str | Path) -> Profile:
+    """Read and validate a profile JSON file.
+
+    Raises:
+        TfplanError: missing file, invalid JSON or a schema violation (naming the file and field).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise TfplanError(f"profile not found: {path}") from None
+    except OSError as exc:
+        raise TfplanError(f"cannot read profile {path}: {exc.strerror}") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TfplanError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    try:
+        return from_dict(obj)
+    except TfplanError as exc:
+        raise TfplanError(f"{path}: {exc}") from None
+
+
+def uniform(num_stages: int, name: str = "uniform", **costs: float) -> Profile:
+    """A hand profile with the same costs on every stage (tests, examples)."""
+    defaults = dict(
+        forward_ms=1.0, backward_ms=2.0, backward_frozen_ms=1.0,
+        backward_input_ms=1.0, backward_weight_ms=1.0, backward_weight_frozen_ms=0.0,
+    )
+    p2p = costs.pop("p2p_ms", 0.0)
+    cost = StageCost(**(defaults | costs))
+    return Profile(name=name, source={"kind": "hand"}, p2p_ms=p2p, stages=(cost,) * num_stages)
+

@@ -1,0 +1,159 @@
+"""Schedule validator: every generated or loaded schedule passes here before it is used.
+
+Checks, in order: actions in range; each stage on exactly one rank (and the expected one, when given);
+each (stage, micro-batch) has exactly one F and either one B or one I+W pair; F before B/I and I before W;
+adjacent stages on different ranks exchange micro-batches in the same order (point-to-point messages
+between two ranks match in the order they are posted, so a mismatch hangs or mixes up activations).
+A violation is reported as a TfplanError: one line, then the rank x step grid with the bad cell marked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tfplan.actions import Action
+from tfplan.errors import TfplanError
+
+_WINDOW = 10  # steps shown either side of the bad cell in long schedules
+
+
+def format_grid(order: Sequence[Sequence[Action]], mark: tuple[int, int] | None = None) -> str:
+    """Render the rank x step grid; the cell `mark` = (rank, step) is shown as ``>2B5<``.
+
+    >>> print(format_grid([[Action(0, "F", 0), Action(0, "B", 0)]], mark=(0, 1)))
+    step       0     1
+    rank 0   0F0 >0B0<
+    """
+    length = max((len(r) for r in order), default=0)
+    lo, hi = 0, length
+    if mark is not None and length > 2 * _WINDOW + 1:
+        lo, hi = max(0, mark[1] - _WINDOW), min(length, mark[1] + _WINDOW + 1)
+    elif mark is None and length > 4 * _WINDOW:
+        hi = 4 * _WINDOW
+    width = max([len(str(a)) for r in order for a in r[lo:hi]] + [3]) + 2
+    lines = ["step   " + "".join(f"{i:>{width}}" for i in range(lo, hi))]
+    for rank, actions in enumerate(order):
+        cells = []
+        for step in range(lo, hi):
+            text = str(actions[step]) if step < len(actions) else ""
+            if mark == (rank, step):
+                text = f">{text}<"
+                cells.append(f"{text:>{width}}")
+            else:
+                cells.append(f"{text:>{width - 1}} ")
+        lines.append(f"rank {rank:<2}" + "".join(cells).rstrip())
+    if lo > 0 or hi < length:
+        lines.append(f"(steps {lo}..{hi - 1} of {length} shown)")
+    return "\n".join(lines)
+
+
+def _fail(order: Sequence[Sequence[Action]], message: str, mark: tuple[int, int] | None = None) -> None:
+    raise TfplanError(f"invalid schedule: {message}\n{format_grid(order, mark)}")
+
+
+def infer_stage_to_rank(order: Sequence[Sequence[Action]], num_stages: int) -> tuple[int, ...]:
+    """Which rank runs each stage (the schedule must already be valid)."""
+    mapping = [-1] * num_stages
+    for rank, actions in enumerate(order):
+        for a in actions:
+            mapping[a.stage] = rank
+    assert all(r >= 0 for r in mapping), "every stage runs somewhere in a valid schedule"
+    return tuple(mapping)
+
+
+def check_order(
+    order: Sequence[Sequence[Action]],
+    num_stages: int,
+    num_microbatches: int,
+    expected_stage_to_rank: Sequence[int] | None = None,
+) -> None:
+    """Validate a per-rank compute order.
+
+    Raises:
+        TfplanError: the first violation found, with the grid and the bad cell marked.
+    """
+    where: dict[Action, tuple[int, int]] = {}
+    owner: dict[int, int] = {}
+    for rank, actions in enumerate(order):
+        if not actions:
+            _fail(order, f"rank {rank} has no actions")
+        for step, a in enumerate(actions):
+            cell = (rank, step)
+            if not 0 <= a.stage < num_stages:
+                _fail(order, f"rank {rank}, step {step}: {a} names stage {a.stage}, not in 0..{num_stages - 1}", cell)
+            if not 0 <= a.mb < num_microbatches:
+                _fail(
+                    order,
+                    f"rank {rank}, step {step}: {a} names micro-batch {a.mb}, not in 0..{num_microbatches - 1}",
+                    cell,
+                )
+            if owner.setdefault(a.stage, rank) != rank:
+                _fail(order, f"rank {rank}, step {step}: stage {a.stage} also runs on rank {owner[a.stage]}", cell)
+            if expected_stage_to_rank is not None and expected_stage_to_rank[a.stage] != rank:
+                _fail(
+                    order,
+                    f"rank {rank}, step {step}: stage {a.stage} belongs on rank {expected_stage_to_rank[a.stage]}",
+                    cell,
+                )
+            if a in where:
+                _fail(order, f"rank {rank}, step {step}: {a} appears twice (first at step {where[a][1]})", cell)
+            where[a] = cell
+            _check_dependencies(order, a, cell, where)
+
+    for s in range(num_stages):
+        for m in range(num_microbatches):
+            if Action(s, "F", m) not in where:
+                _fail(order, f"stage {s}, micro-batch {m} has no forward ({s}F{m})")
+            has_b = Action(s, "B", m) in where
+            has_i, has_w = Action(s, "I", m) in where, Action(s, "W", m) in where
+            if not has_b and not (has_i or has_w):
+                _fail(order, f"stage {s}, micro-batch {m} has no backward ({s}B{m} or {s}I{m} + {s}W{m})")
+            if has_i and not has_w:
+                _fail(order, f"stage {s}, micro-batch {m} has {s}I{m} but no {s}W{m}", where[Action(s, "I", m)])
+    _check_microbatch_order(order, num_stages, where, owner)
+
+
+def _check_dependencies(
+    order: Sequence[Sequence[Action]], a: Action, cell: tuple[int, int], seen: dict[Action, tuple[int, int]]
+) -> None:
+    """Within a stage (one rank, so list order is time order): F before B/I, I before W, not B and I/W."""
+    rank, step = cell
+    s, m = a.stage, a.mb
+    if a.kind in ("B", "I") and Action(s, "F", m) not in seen:
+        _fail(order, f"rank {rank}, step {step}: {a} runs before its forward {s}F{m}", cell)
+    if a.kind == "W" and Action(s, "I", m) not in seen:
+        _fail(order, f"rank {rank}, step {step}: {a} runs before its input-gradient step {s}I{m}", cell)
+    if a.kind == "B" and (Action(s, "I", m) in seen or Action(s, "W", m) in seen):
+        _fail(order, f"rank {rank}, step {step}: {a} duplicates the split backward {s}I{m}/{s}W{m}", cell)
+    if a.kind == "I" and Action(s, "B", m) in seen:
+        _fail(order, f"rank {rank}, step {step}: {a} duplicates the full backward {s}B{m}", cell)
+
+
+def _check_microbatch_order(
+    order: Sequence[Sequence[Action]],
+    num_stages: int,
+    where: dict[Action, tuple[int, int]],
+    owner: dict[int, int],
+) -> None:
+    """Adjacent stages on different ranks must send and receive micro-batches in the same order."""
+    fwd: dict[int, list[Action]] = {s: [] for s in range(num_stages)}
+    bwd: dict[int, list[Action]] = {s: [] for s in range(num_stages)}
+    for actions in order:
+        for a in actions:
+            if a.kind == "F":
+                fwd[a.stage].append(a)
+            elif a.kind in ("B", "I"):
+                bwd[a.stage].append(a)
+    for s in range(num_stages - 1):
+        if owner[s] == owner[s + 1]:
+            continue  # same rank: handed over locally, no message order to match
+        for sender, receiver, what in ((fwd[s], fwd[s + 1], "forward"), (bwd[s + 1], bwd[s], "backward")):
+            for sent, got in zip(sender, receiver, strict=True):
+                if sent.mb != got.mb:
+                    _fail(
+                        order,
+                        f"stage {got.stage} receives {what} micro-batch {got.mb} ({got}) while stage "
+                        f"{sent.stage} sends micro-batch {sent.mb} ({sent}) at that point: adjacent stages on "
+                        f"different ranks must exchange micro-batches in the same order",
+                        where[got],
+                    )
