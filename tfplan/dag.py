@@ -47,6 +47,10 @@ class Dag:
     """B and W actions (their duration can shrink)."""
     topo: list[int]
     """A topological order of the nodes."""
+    stage_costs: tuple[StageCost, ...] = ()
+    """The per-stage costs the durations came from (after splitting a per-layer profile)."""
+    p2p_ms: float = 0.0
+    """Lag on pipeline edges between stages on different ranks."""
     step_overhead_ms: float = 0.0
     """Per-step time outside the DAG (from the profile), added to predicted step times."""
 
@@ -136,6 +140,8 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
         d_min=d_min,
         freezable=[a.kind in FREEZABLE for a in actions],
         topo=[],
+        stage_costs=tuple(costs),
+        p2p_ms=p2p,
         step_overhead_ms=profile.step_overhead_ms,
     )
     dag.topo = _topological_order(dag)

@@ -35,6 +35,30 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         raise
 
 
+def json_text(obj: Any, width: int = 110, indent: str = "") -> str:
+    """JSON that people can read: a record of plain values (a per-rank order, one action, one stage's
+    costs) stays on one line; a container of containers goes one item per line unless it fits in `width`.
+
+    >>> print(json_text({"a": [1, 2], "b": {"c": "d"}}, width=10))
+    {
+     "a": [1, 2],
+     "b": {"c": "d"}
+    }
+    """
+    flat = json.dumps(obj)
+    if not isinstance(obj, (list, dict)) or not obj or len(flat) + len(indent) <= width:
+        return flat
+    values = obj.values() if isinstance(obj, dict) else obj
+    if not any(isinstance(x, (list, dict)) for x in values):
+        return flat
+    inner = indent + " "
+    if isinstance(obj, list):
+        items = [inner + json_text(x, width, inner) for x in obj]
+        return "[\n" + ",\n".join(items) + "\n" + indent + "]"
+    items = [f"{inner}{json.dumps(k)}: {json_text(v, width, inner)}" for k, v in obj.items()]
+    return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write `obj` as indented JSON (with a trailing newline) atomically."""
-    write_text_atomic(path, json.dumps(obj, indent=1) + "\n")
+    """Write `obj` as readable JSON (with a trailing newline) atomically."""
+    write_text_atomic(path, json_text(obj) + "\n")

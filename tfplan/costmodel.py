@@ -1,0 +1,397 @@
+"""Analytic cost model: per-layer action times of a LLaMA-style model on a GPU, from FLOPs and bytes.
+
+Lets a laptop plan for a GPU cluster without profiling it::
+
+    from tfplan.costmodel import analytic_profile
+    profile = analytic_profile("llama3-8b", "h200", microbatch_size=1, seq_len=2048)
+
+The result is a per-layer Profile ([embed, block0..block{L-1}, head]) that tfplan splits into stages.
+Time of an action = matmul FLOPs / (peak bf16 FLOP/s x mfu) + bytes of the memory-bound work that the
+mfu does not scale with / peak HBM bandwidth. docs/cost-model.md gives every formula, constant and source.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tfplan.errors import TfplanError
+from tfplan.profile import Profile, StageCost
+
+FORMULA_VERSION = 1
+"""Bumped whenever a formula or constant changes, so a profile names the model it came from."""
+DEFAULT_MFU = 0.40
+"""Achieved fraction of peak bf16 FLOP/s; Llama 3 paper, Table 4: 38-43% BF16 MFU on H100 (docs)."""
+BF16_BYTES = 2
+"""Bytes per activation, weight and gradient element (bf16 everywhere, as in mixed-precision training)."""
+GRAD_ACCUMULATE_BYTES = 3 * BF16_BYTES
+"""Per parameter per micro-batch: `.grad += g` reads two bf16 tensors and writes one (Note [memory terms])."""
+CE_FORWARD_BYTES_PER_LOGIT = 14
+"""Cross-entropy forward: cast bf16 logits to fp32 (2 + 4), log-softmax (4 + 4); bytes per logit."""
+CE_BACKWARD_BYTES_PER_LOGIT = 22
+"""Cross-entropy backward: nll grad (4), log-softmax grad (4 + 4 + 4), cast back to bf16 (4 + 2)."""
+
+# Note [memory terms]: the mfu is measured end to end on transformer blocks, so it already folds in the
+# elementwise kernels (norms, rotary, SwiGLU product, residual adds), whose bytes scale with the matmuls'
+# FLOPs. Three costs do not scale that way and are charged as bytes / peak HBM bandwidth instead:
+# the embedding gather and its dense gradient (no matmul at all), cross-entropy over the 128K-wide logits,
+# and accumulating every weight gradient into `.grad` (bytes per parameter, not per token). The embedding
+# gradient and the accumulation are weight-gradient work, so freezing removes them.
+
+
+def _by_name(*items: Any) -> dict[str, Any]:
+    return {item.name: item for item in items}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelShape:
+    """Shape of a LLaMA-style decoder (pre-norm RMSNorm, GQA attention with rotary, SwiGLU MLP)."""
+
+    name: str
+    """Canonical name, e.g. 'llama3.1-8b'."""
+    hidden_size: int
+    """Model width d (elements)."""
+    num_layers: int
+    """Transformer blocks L."""
+    num_heads: int
+    """Query heads h; head_dim = hidden_size / num_heads."""
+    num_kv_heads: int
+    """Key/value heads (grouped-query attention; equal to num_heads for plain multi-head attention)."""
+    intermediate_size: int
+    """SwiGLU hidden width f (elements)."""
+    vocab_size: int
+    """Vocabulary V (tokens)."""
+    tie_embeddings: bool = False
+    """Output head shares the embedding matrix (affects the parameter count only, Note [tied head])."""
+
+    @property
+    def head_dim(self) -> int:
+        """Elements per attention head."""
+        return self.hidden_size // self.num_heads
+
+
+# Published configs (Hugging Face config.json of each meta-llama model; docs/cost-model.md).
+MODELS: dict[str, ModelShape] = _by_name(
+    ModelShape(name="llama3.2-1b", hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+               intermediate_size=8192, vocab_size=128256, tie_embeddings=True),
+    ModelShape(name="llama3.2-3b", hidden_size=3072, num_layers=28, num_heads=24, num_kv_heads=8,
+               intermediate_size=8192, vocab_size=128256, tie_embeddings=True),
+    ModelShape(name="llama3.1-8b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+               intermediate_size=14336, vocab_size=128256),
+    ModelShape(name="llama3.1-70b", hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8,
+               intermediate_size=28672, vocab_size=128256),
+)
+_MODEL_ALIASES = {"llama3-1b": "llama3.2-1b", "llama3-3b": "llama3.2-3b", "llama3-8b": "llama3.1-8b",
+                  "llama3-70b": "llama3.1-70b"}
+
+# Attribute names accepted for a custom shape: ours, then Hugging Face's, then torchtitan-style ones.
+_SHAPE_ATTRS = {"hidden_size": ("hidden_size", "dim", "d_model"), "vocab_size": ("vocab_size",),
+                "num_layers": ("num_layers", "num_hidden_layers", "n_layers"),
+                "num_heads": ("num_heads", "num_attention_heads", "n_heads"),
+                "num_kv_heads": ("num_kv_heads", "num_key_value_heads", "n_kv_heads"),
+                "intermediate_size": ("intermediate_size", "ffn_dim", "ffn_hidden_size")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuSpec:
+    """Vendor datasheet figures of one GPU (dense, no sparsity)."""
+
+    name: str
+    """Canonical name, e.g. 'h100'."""
+    peak_bf16_tflops: float
+    """Peak dense bf16 tensor-core throughput (TFLOP/s, 1e12 FLOP/s)."""
+    hbm_gb_per_s: float
+    """Peak HBM bandwidth (GB/s, 1e9 bytes/s)."""
+    links: tuple[str, str, str]
+    """The LINKS names that 'nvlink', 'pcie' and 'ib' mean in this GPU's systems (its generation)."""
+
+
+GPUS: dict[str, GpuSpec] = _by_name(
+    GpuSpec(name="a100", peak_bf16_tflops=312.0, hbm_gb_per_s=2039.0, links=("nvlink3", "pcie4", "ib-hdr")),
+    GpuSpec(name="h100", peak_bf16_tflops=989.0, hbm_gb_per_s=3350.0, links=("nvlink4", "pcie5", "ib-ndr")),
+    GpuSpec(name="h200", peak_bf16_tflops=989.0, hbm_gb_per_s=4800.0, links=("nvlink4", "pcie5", "ib-ndr")),
+)
+_GPU_ALIASES = {"a100-80gb": "a100", "a100-sxm": "a100", "a100-sxm4": "a100", "a100-sxm4-80gb": "a100",
+                "h100-sxm": "h100", "h100-sxm5": "h100", "h100-80gb": "h100", "h100-sxm5-80gb": "h100",
+                "h200-sxm": "h200", "h200-141gb": "h200", "h200-sxm-141gb": "h200"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkSpec:
+    """A point-to-point link between two pipeline stages."""
+
+    name: str
+    """Canonical name, e.g. 'nvlink4'."""
+    gb_per_s: float
+    """Peak bandwidth in one direction (GB/s, 1e9 bytes/s)."""
+    latency_us: float
+    """Fixed cost per message (microseconds): an order-of-magnitude NCCL send/recv estimate, not a spec."""
+
+
+LINKS: dict[str, LinkSpec] = _by_name(
+    LinkSpec(name="nvlink3", gb_per_s=300.0, latency_us=5.0),  # A100: 600 GB/s total, both directions
+    LinkSpec(name="nvlink4", gb_per_s=450.0, latency_us=5.0),  # H100/H200: 900 GB/s total
+    LinkSpec(name="pcie4", gb_per_s=32.0, latency_us=10.0),  # Gen4 x16: 16 GT/s x 16 lanes
+    LinkSpec(name="pcie5", gb_per_s=64.0, latency_us=10.0),  # Gen5 x16: 32 GT/s x 16 lanes
+    LinkSpec(name="ib-hdr", gb_per_s=25.0, latency_us=15.0),  # HDR 200 Gb/s, one HCA per GPU
+    LinkSpec(name="ib-ndr", gb_per_s=50.0, latency_us=15.0),  # NDR 400 Gb/s, one HCA per GPU
+)
+_LINK_ALIASES = {"ib-ndr400": "ib-ndr", "ib-hdr200": "ib-hdr", "pcie-gen4": "pcie4", "pcie-gen5": "pcie5",
+                 "nvlink-3": "nvlink3", "nvlink-4": "nvlink4"}
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-").strip("-")
+
+
+def _lookup(kind: str, name: str, table: dict[str, Any], aliases: dict[str, str], key: str = "") -> Any:
+    """Find `key` (default: `name`, normalised) in `table`, applying `aliases`; errors quote `name`."""
+    key = _norm(key or name)
+    key = aliases.get(key, key)
+    if key not in table:
+        raise TfplanError(f"unknown {kind} {name!r}; known: {', '.join(table)} (or {', '.join(aliases)})")
+    return table[key]
+
+
+def get_model(model: str | Any) -> ModelShape:
+    """Resolve a model name, a ModelShape, or any shape-like object or mapping (e.g. a Hugging Face config).
+
+    >>> get_model("Llama-3-8B").hidden_size
+    4096
+
+    Raises:
+        TfplanError: an unknown name (the message lists the known ones) or a shape missing a field.
+    """
+    if isinstance(model, ModelShape):
+        return model
+    if not isinstance(model, str):
+        return _shape_from_object(model)
+    key = _norm(model).removeprefix("meta-llama/").removesuffix("-instruct").replace("llama-", "llama")
+    return _lookup("model", model, MODELS, _MODEL_ALIASES, key)
+
+
+def _shape_from_object(obj: Any) -> ModelShape:
+    def read(names: tuple[str, ...]) -> Any:
+        got = (obj.get(n) if isinstance(obj, Mapping) else getattr(obj, n, None) for n in names)
+        return next((v for v in got if v is not None), None)
+
+    values = {f: read(names) for f, names in _SHAPE_ATTRS.items()}
+    values["num_kv_heads"] = values["num_kv_heads"] or values["num_heads"]  # absent: plain multi-head
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            tried = ", ".join(_SHAPE_ATTRS[key])
+            raise TfplanError(f"model shape: {key} must be a positive int (tried {tried}), got {value!r}")
+    if values["hidden_size"] % values["num_heads"] or values["num_heads"] % values["num_kv_heads"]:
+        raise TfplanError(f"model shape: heads must divide hidden_size, kv heads must divide heads: {values}")
+    tied = bool(read(("tie_embeddings", "tie_word_embeddings")))
+    return ModelShape(name=str(read(("name", "model_type")) or "custom"), tie_embeddings=tied, **values)
+
+
+def get_gpu(gpu: str | GpuSpec) -> GpuSpec:
+    """Resolve a GPU name ('a100', 'H100-SXM', 'nvidia h200', ...) or pass a GpuSpec through.
+
+    Raises:
+        TfplanError: an unknown name (the message lists the known ones).
+    """
+    if isinstance(gpu, GpuSpec):
+        return gpu
+    return _lookup("GPU", gpu, GPUS, _GPU_ALIASES, _norm(gpu).removeprefix("nvidia"))
+
+
+def get_link(link: str | LinkSpec, gpu: str | GpuSpec) -> LinkSpec:
+    """Resolve a link: a generic kind ('nvlink', 'pcie', 'ib') takes the GPU's generation; a specific
+    name ('nvlink3', 'pcie5', 'ib-ndr', ...) or a LinkSpec is used as given.
+
+    >>> get_link("nvlink", "a100").gb_per_s
+    300.0
+
+    Raises:
+        TfplanError: an unknown name (the message lists the known ones).
+    """
+    if isinstance(link, LinkSpec):
+        return link
+    nvlink, pcie, ib = get_gpu(gpu).links
+    generic = {"nvlink": nvlink, "pcie": pcie, "ib": ib, "infiniband": ib}
+    return _lookup("link", link, LINKS, _LINK_ALIASES | generic)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerWork:
+    """Work of one layer for one micro-batch: matmul FLOPs (run at mfu) and bytes (run at HBM bandwidth)."""
+
+    name: str
+    """'embed', 'block{i}' or 'head'."""
+    forward_flops: float = 0.0
+    """F: matmul FLOPs (one multiply-add = 2 FLOPs)."""
+    backward_input_flops: float = 0.0
+    """I: FLOPs of the gradient with respect to the layer's input (needed even when frozen)."""
+    backward_weight_flops: float = 0.0
+    """W: FLOPs of the gradients with respect to the layer's weights (skipped when frozen)."""
+    forward_bytes: float = 0.0
+    """F: bytes of memory-bound work outside the mfu (Note [memory terms])."""
+    backward_input_bytes: float = 0.0
+    """I: bytes of memory-bound work outside the mfu."""
+    backward_weight_bytes: float = 0.0
+    """W: bytes of memory-bound work outside the mfu (gradient accumulation, dense embedding gradient)."""
+
+
+def parameter_count(model: str | Any) -> int:
+    """Trainable parameters, counting a tied embedding once.
+
+    >>> parameter_count("llama3.1-8b")
+    8030261248
+    """
+    m = get_model(model)
+    embed = m.vocab_size * m.hidden_size
+    head = m.hidden_size + (0 if m.tie_embeddings else embed)  # final RMSNorm weight (+ untied output matrix)
+    return embed + m.num_layers * _block_params(m) + head
+
+
+def _block_params(m: ModelShape) -> int:
+    q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    attention = m.hidden_size * (2 * q_out + 2 * kv_out)  # wq, wo (d x h*hd); wk, wv (d x h_kv*hd)
+    return attention + 3 * m.hidden_size * m.intermediate_size + 2 * m.hidden_size  # + SwiGLU + 2 RMSNorms
+
+
+def block_forward_flops(model: str | Any, microbatch_size: int, seq_len: int) -> dict[str, float]:
+    """Forward FLOPs of one transformer block per matmul, for B sequences of T tokens.
+
+    Note [causal attention]: the score (QK^T) and value (AV) matmuls are counted over the T(T+1)/2
+    unmasked (query, key) pairs, because causal flash-attention kernels skip masked tiles; counting the
+    full T^2 (the PaLM/Megatron MFU convention) would charge work that never runs.
+
+    >>> block_forward_flops("llama3-8b", 1, 1)["q"]  # 2 x 1 token x 4096 x 4096
+    33554432.0
+    """
+    m = get_model(model)
+    _check_batch(microbatch_size, seq_len)
+    tokens, d, f = microbatch_size * seq_len, m.hidden_size, m.intermediate_size
+    q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    pairs = microbatch_size * seq_len * (seq_len + 1) / 2  # unmasked (query, key) pairs per head
+    attention = 2.0 * m.num_heads * m.head_dim * pairs  # per query head: one dot product of head_dim per pair
+    return {"q": 2.0 * tokens * d * q_out, "k": 2.0 * tokens * d * kv_out, "v": 2.0 * tokens * d * kv_out,
+            "scores": attention, "av": attention, "o": 2.0 * tokens * q_out * d,  # attention: no weights
+            "gate": 2.0 * tokens * d * f, "up": 2.0 * tokens * d * f, "down": 2.0 * tokens * f * d}
+
+
+def layer_work(model: str | Any, microbatch_size: int, seq_len: int) -> tuple[LayerWork, ...]:
+    """Work of every layer for one micro-batch: embed, block0..block{L-1}, head.
+
+    Backward rule: a matmul with a weight costs its forward FLOPs once for the input gradient and once
+    for the weight gradient; the attention matmuls (no weights) cost twice their forward FLOPs, all
+    input gradient. Recomputation (activation checkpointing, flash-attention's score recompute) is not
+    counted: like the mfu, these are model FLOPs.
+    """
+    m = get_model(model)
+    parts = block_forward_flops(m, microbatch_size, seq_len)
+    tokens, d, vocab = microbatch_size * seq_len, m.hidden_size, m.vocab_size
+    linear = sum(v for k, v in parts.items() if k not in ("scores", "av"))
+    attention = parts["scores"] + parts["av"]
+    # Embedding: a gather reads and writes tokens x d; its gradient zero-fills a dense V x d tensor
+    # (2 bytes/element), index-adds tokens x d rows (6 bytes/element) and accumulates into .grad.
+    embed_grad = (BF16_BYTES + GRAD_ACCUMULATE_BYTES) * vocab * d + 3.0 * BF16_BYTES * tokens * d
+    embed = LayerWork(name="embed", forward_bytes=2.0 * BF16_BYTES * tokens * d,
+                      backward_weight_bytes=embed_grad)
+    block_accumulate = GRAD_ACCUMULATE_BYTES * float(_block_params(m))
+    blocks = [LayerWork(name=f"block{i}", forward_flops=linear + attention, backward_weight_flops=linear,
+                        backward_input_flops=linear + 2.0 * attention, backward_weight_bytes=block_accumulate)
+              for i in range(m.num_layers)]
+    # Head: final RMSNorm (elementwise, inside the mfu), output matmul d -> V, cross-entropy on the logits.
+    # Note [tied head]: the output matrix is charged as its own weight even when tied, because in a
+    # pipeline the head and the embedding live on different ranks and each computes its own gradient.
+    logits, head_matmul = float(tokens * vocab), 2.0 * tokens * d * vocab
+    head = LayerWork(name="head", forward_flops=head_matmul, backward_input_flops=head_matmul,
+                     backward_weight_flops=head_matmul, forward_bytes=CE_FORWARD_BYTES_PER_LOGIT * logits,
+                     backward_input_bytes=CE_BACKWARD_BYTES_PER_LOGIT * logits,
+                     backward_weight_bytes=GRAD_ACCUMULATE_BYTES * float(vocab * d + d))  # matrix + norm
+    return (embed, *blocks, head)
+
+
+def step_flops(model: str | Any, microbatch_size: int, seq_len: int, num_microbatches: int = 1) -> float:
+    """Matmul FLOPs of a whole training step (forward and full backward of every layer, nothing frozen).
+
+    For dense transformers this is close to 6 x parameters x tokens plus the attention term
+    (tests/test_costmodel.py checks it for the 8B model).
+    """
+    if num_microbatches < 1:
+        raise TfplanError(f"num_microbatches: must be >= 1, got {num_microbatches}")
+    work = layer_work(model, microbatch_size, seq_len)
+    return num_microbatches * sum(w.forward_flops + w.backward_input_flops + w.backward_weight_flops
+                                  for w in work)
+
+
+def _check_batch(microbatch_size: int, seq_len: int) -> None:
+    for label, value in (("microbatch_size", microbatch_size), ("seq_len", seq_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TfplanError(f"{label}: must be a positive integer, got {value!r}")
+
+
+def p2p_ms(model: str | Any, microbatch_size: int, seq_len: int, link: str | LinkSpec,
+           gpu: str | GpuSpec) -> float:
+    """Time to send one micro-batch's activations (B x T x d bf16) to the next stage, or the same-sized
+    gradient back: bytes / bandwidth + latency. No overlap with compute is assumed.
+
+    >>> round(p2p_ms("llama3-8b", 1, 2048, "nvlink", "h100"), 4)
+    0.0423
+    """
+    m, spec = get_model(model), get_link(link, gpu)
+    _check_batch(microbatch_size, seq_len)
+    nbytes = BF16_BYTES * microbatch_size * seq_len * m.hidden_size
+    return nbytes / (spec.gb_per_s * 1e9) * 1e3 + spec.latency_us / 1e3
+
+
+def analytic_profile(model: str | Any, gpu: str | GpuSpec, microbatch_size: int, seq_len: int, *,
+                     mfu: float = DEFAULT_MFU, link: str | LinkSpec = "nvlink", step_overhead_ms: float = 0.0,
+                     name: str | None = None) -> Profile:
+    """A per-layer Profile ([embed, block0..block{L-1}, head]) predicted from FLOPs and bytes.
+
+    Per layer: backward_ms = I + W, backward_frozen_ms = backward_input_ms = I, backward_weight_ms = W,
+    backward_weight_frozen_ms = 0. partition_layers applies the stage-0 rule (no input gradient).
+
+    Args:
+        model: a model name (see MODELS; aliases such as 'llama3-8b') or any shape object.
+        gpu: a GPU name (see GPUS) or a GpuSpec.
+        microbatch_size: sequences per micro-batch B.
+        seq_len: tokens per sequence T.
+        mfu: achieved fraction of peak bf16 FLOP/s for matmuls, in (0, 1].
+        link: link between consecutive stages ('nvlink', 'pcie', 'ib', a specific generation, or a LinkSpec).
+        step_overhead_ms: per-step time outside the actions (optimizer etc.), passed through; not modelled.
+        name: profile name; default 'analytic-{model}-{gpu}-b{B}-t{T}'.
+
+    Raises:
+        TfplanError: unknown names, or a non-positive batch, sequence length or mfu.
+    """
+    m, g = get_model(model), get_gpu(gpu)
+    spec = get_link(link, g)
+    _check_batch(microbatch_size, seq_len)
+    if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0.0 < mfu <= 1.0:
+        raise TfplanError(f"mfu: must be in (0, 1], got {mfu!r}")
+    if step_overhead_ms < 0:
+        raise TfplanError(f"step_overhead_ms: must be >= 0, got {step_overhead_ms!r}")
+    # A linear layer over N tokens does about N FLOPs per weight byte; below the ridge point (peak FLOP/s
+    # over HBM bytes/s) it is memory-bound and a constant mfu is optimistic.
+    ridge, tokens = g.peak_bf16_tflops * 1e3 / g.hbm_gb_per_s, microbatch_size * seq_len
+    if tokens < ridge:
+        warnings.warn(f"{tokens} tokens per micro-batch is below the {g.name} ridge point (~{ridge:.0f}): "
+                      "matmuls are memory-bound there and the analytic times are optimistic", stacklevel=2)
+    flop_ms = 1e3 / (g.peak_bf16_tflops * 1e12 * mfu)  # ms per FLOP
+    byte_ms = 1e3 / (g.hbm_gb_per_s * 1e9)  # ms per byte
+    layers = []
+    for w in layer_work(m, microbatch_size, seq_len):
+        input_ms = w.backward_input_flops * flop_ms + w.backward_input_bytes * byte_ms
+        weight_ms = w.backward_weight_flops * flop_ms + w.backward_weight_bytes * byte_ms
+        layers.append(StageCost(
+            name=w.name, forward_ms=w.forward_flops * flop_ms + w.forward_bytes * byte_ms,
+            backward_ms=input_ms + weight_ms, backward_frozen_ms=input_ms, backward_input_ms=input_ms,
+            backward_weight_ms=weight_ms, backward_weight_frozen_ms=0.0,
+        ))
+    source = {"kind": "analytic", "formula": f"tfplan.costmodel v{FORMULA_VERSION} (docs/cost-model.md)",
+              "formula_version": FORMULA_VERSION, "model": m.name, "gpu": g.name, "mfu": float(mfu),
+              "link": spec.name, "microbatch_size": microbatch_size, "seq_len": seq_len,
+              "peak_bf16_tflops": g.peak_bf16_tflops, "hbm_gb_per_s": g.hbm_gb_per_s,
+              "link_gb_per_s": spec.gb_per_s, "link_latency_us": spec.latency_us}
+    name = name or f"analytic-{m.name}-{g.name}-b{microbatch_size}-t{seq_len}"
+    return Profile(name=name, source=source, p2p_ms=p2p_ms(m, microbatch_size, seq_len, spec, g),
+                   step_overhead_ms=float(step_overhead_ms), layers=tuple(layers))

@@ -1,0 +1,305 @@
+"""Freeze plans: what `tfplan solve` writes and `tfrun train --plan` runs (docs/formats.md).
+
+A plan names its schedule (per-rank order in torch's grammar), the stage costs it was planned with (so it
+can be re-simulated without the profile file), the per-stage caps, one freeze ratio per action and the
+predicted step times. The schedule is also written as torch's compute-only CSV next to the JSON.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tfplan import __version__
+from tfplan import profile as profile_mod
+from tfplan import schedules
+from tfplan.actions import parse_action
+from tfplan.dag import Dag, build
+from tfplan.errors import TfplanError
+from tfplan.fileio import write_json_atomic, write_text_atomic
+from tfplan.simulate import Simulation, simulate
+from tfplan.solver import Solution, freeze_groups
+
+SCHEMA_VERSION = 1
+CAP_TOL = 1e-7  # a stage's mean ratio may exceed its cap by this much (LP tolerances)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Predicted:
+    """Predicted step times (ms, DAG makespan plus the profile's per-step overhead)."""
+
+    no_freeze_ms: float
+    """Nothing frozen."""
+    planned_ms: float
+    """With the plan's ratios."""
+    all_frozen_ms: float
+    """Everything frozen (the cap = 1 optimum)."""
+    uniform_ms: float
+    """Naive baseline: every freezable action at the plan's overall mean ratio."""
+    step_overhead_ms: float
+    """The per-step overhead included in each of the above."""
+    no_freeze_bubble_fraction: float
+    planned_bubble_fraction: float
+
+    @property
+    def speedup(self) -> float:
+        return self.no_freeze_ms / self.planned_ms
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "no_freeze_ms": self.no_freeze_ms,
+            "planned_ms": self.planned_ms,
+            "all_frozen_ms": self.all_frozen_ms,
+            "speedup": self.speedup,
+            "uniform_same_mean_ms": self.uniform_ms,
+            "uniform_same_mean_speedup": self.no_freeze_ms / self.uniform_ms,
+            "step_overhead_ms": self.step_overhead_ms,
+            "no_freeze_bubble_fraction": self.no_freeze_bubble_fraction,
+            "planned_bubble_fraction": self.planned_bubble_fraction,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """A validated freeze plan (in memory)."""
+
+    dag: Dag
+    """The planned DAG (schedule + stage costs + p2p lag)."""
+    profile_name: str
+    profile_hash: str
+    """sha256 of the canonical profile JSON it was planned from."""
+    caps: tuple[float, ...]
+    """Cap on the mean freeze ratio, per stage."""
+    ratios: tuple[float, ...]
+    """Freeze ratio per DAG node (0 for F, I and actions freezing cannot shorten)."""
+    predicted: Predicted
+    solver: dict[str, Any]
+    """Backend, status, per-phase results, wall_s; empty for plans not made by the LP."""
+    target_speedup: float | None = None
+
+    @property
+    def schedule(self) -> schedules.Schedule:
+        return self.dag.schedule
+
+    def mean_ratio_per_stage(self) -> list[float]:
+        """Mean freeze ratio over each stage's freezable actions (0 for a stage with none)."""
+        return [sum(self.ratios[v] for v in g) / len(g) if g else 0.0 for g in freeze_groups(self.dag)]
+
+    def ratio_of(self) -> dict[str, float]:
+        """Action string -> freeze ratio, for every action."""
+        return {str(a): r for a, r in zip(self.dag.actions, self.ratios)}
+
+
+def predict(dag: Dag, ratios: Sequence[float]) -> tuple[Predicted, Simulation]:
+    """Step-time predictions for a ratio vector, and the planned simulation."""
+    planned = simulate(dag, dag.durations(ratios))
+    none = simulate(dag)
+    frozen = simulate(dag, dag.d_min)
+    groups = [v for g in freeze_groups(dag) for v in g]
+    mean = sum(ratios[v] for v in groups) / len(groups) if groups else 0.0
+    uniform = simulate(dag, dag.durations(mean))
+    return (
+        Predicted(
+            no_freeze_ms=none.batch_time_ms,
+            planned_ms=planned.batch_time_ms,
+            all_frozen_ms=frozen.batch_time_ms,
+            uniform_ms=uniform.batch_time_ms,
+            step_overhead_ms=dag.step_overhead_ms,
+            no_freeze_bubble_fraction=none.bubble_fraction,
+            planned_bubble_fraction=planned.bubble_fraction,
+        ),
+        planned,
+    )
+
+
+def make_plan(
+    dag: Dag,
+    solution: Solution,
+    caps: Sequence[float],
+    profile: profile_mod.Profile,
+    target_speedup: float | None = None,
+) -> Plan:
+    """Wrap a solver solution into a Plan with predictions."""
+    predicted, _ = predict(dag, solution.ratios)
+    solver = {
+        "backend": solution.backend,
+        "status": "OPTIMAL",
+        "lp_makespan_ms": solution.makespan_ms,
+        "phases": [
+            {"name": p.name, "objective": p.objective, "status": p.status, "iterations": p.iterations,
+             "wall_s": p.wall_s}
+            for p in solution.phases
+        ],
+        "build_s": solution.build_s,
+        "wall_s": solution.wall_s,
+    }
+    return Plan(
+        dag=dag,
+        profile_name=profile.name,
+        profile_hash=profile.content_hash(),
+        caps=tuple(caps),
+        ratios=tuple(solution.ratios),
+        predicted=predicted,
+        solver=solver,
+        target_speedup=target_speedup,
+    )
+
+
+def to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as its JSON object (docs/formats.md)."""
+    dag, sched = plan.dag, plan.schedule
+    _, sim = predict(dag, plan.ratios)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "tool": {"name": "tfplan", "version": __version__},
+        "schedule": {
+            "name": sched.name,
+            "num_ranks": sched.num_ranks,
+            "num_stages": sched.num_stages,
+            "num_microbatches": sched.num_microbatches,
+            "stages_per_rank": sched.stages_per_rank,
+            "stage_to_rank": list(sched.stage_to_rank),
+            "order": [[str(a) for a in rank] for rank in sched.order],
+        },
+        "profile": {
+            "name": plan.profile_name,
+            "hash": plan.profile_hash,
+            "p2p_ms": dag.p2p_ms,
+            "step_overhead_ms": dag.step_overhead_ms,
+            "stages": [c.to_dict() for c in dag.stage_costs],
+        },
+        "max_freeze_ratio": list(plan.caps),
+        "target_speedup": plan.target_speedup,
+        "mean_freeze_ratio": plan.mean_ratio_per_stage(),
+        "predicted": plan.predicted.to_dict(),
+        "actions": [
+            {
+                "action": str(a),
+                "rank": dag.rank[v],
+                "freeze_ratio": plan.ratios[v],
+                "start_ms": sim.start_ms[v],
+                "duration_ms": sim.end_ms[v] - sim.start_ms[v],
+                "max_ms": dag.d_max[v],
+                "min_ms": dag.d_min[v],
+            }
+            for v, a in enumerate(dag.actions)
+        ],
+        "solver": plan.solver,
+    }
+
+
+def write(plan: Plan, path: str | Path) -> Path:
+    """Write plan JSON and the schedule CSV next to it (same name, .csv); returns the CSV path."""
+    path = Path(path)
+    csv_path = path.with_suffix(".csv")
+    write_text_atomic(csv_path, schedules.to_csv(plan.schedule))
+    write_json_atomic(path, to_dict(plan))
+    return csv_path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def _require(obj: Any, key: str, kind: type | tuple[type, ...], path: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise TfplanError(f"{path}{key}: missing required field")
+    value = obj[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise TfplanError(f"{path}{key}: wrong type {type(value).__name__}")
+    return value
+
+
+def from_dict(obj: Any) -> Plan:
+    """Validate a plan JSON object and rebuild the Plan (re-simulating its predictions).
+
+    Raises:
+        TfplanError: naming the bad field.
+    """
+    if not isinstance(obj, dict):
+        raise TfplanError("plan: must be a JSON object")
+    if obj.get("schema_version") != SCHEMA_VERSION:
+        raise TfplanError(f"schema_version: must be {SCHEMA_VERSION}, got {json.dumps(obj.get('schema_version'))}")
+    sched_obj = _require(obj, "schedule", dict, "")
+    order_obj = _require(sched_obj, "order", list, "schedule.")
+    try:
+        order = [[parse_action(a) for a in rank] for rank in order_obj]
+    except (TfplanError, TypeError) as exc:
+        raise TfplanError(f"schedule.order: {exc}") from None
+    m = _require(sched_obj, "num_microbatches", int, "schedule.")
+    sched = schedules.from_order(order, name=_require(sched_obj, "name", str, "schedule."), num_microbatches=m)
+    for key in ("num_ranks", "num_stages"):
+        if _require(sched_obj, key, int, "schedule.") != getattr(sched, key):
+            raise TfplanError(f"schedule.{key}: says {sched_obj[key]} but the order has {getattr(sched, key)}")
+
+    prof_obj = _require(obj, "profile", dict, "")
+    stages = _require(prof_obj, "stages", list, "profile.")
+    prof = profile_mod.from_dict({
+        "schema_version": profile_mod.SCHEMA_VERSION,
+        "name": _require(prof_obj, "name", str, "profile."),
+        "p2p_ms": prof_obj.get("p2p_ms", 0.0),
+        "step_overhead_ms": prof_obj.get("step_overhead_ms", 0.0),
+        "stages": stages,
+    })
+    dag = build(sched, prof)
+
+    caps = _require(obj, "max_freeze_ratio", list, "")
+    if len(caps) != sched.num_stages or not all(isinstance(c, (int, float)) and 0 <= c <= 1 for c in caps):
+        raise TfplanError(f"max_freeze_ratio: must list {sched.num_stages} caps in [0, 1]")
+    actions = _require(obj, "actions", list, "")
+    ratio_of: dict[str, float] = {}
+    for i, item in enumerate(actions):
+        name = _require(item, "action", str, f"actions[{i}].")
+        ratio = _require(item, "freeze_ratio", (int, float), f"actions[{i}].")
+        if not (math.isfinite(ratio) and 0.0 <= ratio <= 1.0):
+            raise TfplanError(f"actions[{i}].freeze_ratio: must be in [0, 1], got {ratio}")
+        if name in ratio_of:
+            raise TfplanError(f"actions[{i}].action: {name} listed twice")
+        ratio_of[name] = float(ratio)
+    names = [str(a) for a in dag.actions]
+    missing = [n for n in names if n not in ratio_of]
+    if missing or len(ratio_of) != len(names):
+        extra = sorted(set(ratio_of) - set(names))
+        raise TfplanError(f"actions: must list every scheduled action once (missing {missing[:3]}, extra {extra[:3]})")
+    ratios = tuple(ratio_of[n] if dag.freezable[v] else 0.0 for v, n in enumerate(names))
+    plan = Plan(
+        dag=dag,
+        profile_name=prof.name,
+        profile_hash=str(prof_obj.get("hash", "")),
+        caps=tuple(float(c) for c in caps),
+        ratios=ratios,
+        predicted=predict(dag, ratios)[0],
+        solver=obj.get("solver", {}) if isinstance(obj.get("solver", {}), dict) else {},
+        target_speedup=obj.get("target_speedup"),
+    )
+    for s, (mean, cap) in enumerate(zip(plan.mean_ratio_per_stage(), plan.caps)):
+        if mean > cap + CAP_TOL:
+            raise TfplanError(f"mean_freeze_ratio: stage {s} freezes {mean:.6g} on average, above its cap {cap:g}")
+    return plan
+
+
+def load(path: str | Path) -> Plan:
+    """Read and validate a plan file.
+
+    Raises:
+        TfplanError: missing file, invalid JSON or an invalid plan (naming the file and field).
+    """
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TfplanError(f"plan not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise TfplanError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except OSError as exc:
+        raise TfplanError(f"cannot read plan {path}: {exc.strerror}") from None
+    try:
+        return from_dict(obj)
+    except TfplanError as exc:
+        raise TfplanError(f"{path}: {exc}") from None
