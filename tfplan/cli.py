@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.text import Text
 
 from tfplan import schedules
 from tfplan import simulate as simulate_mod
@@ -233,6 +234,189 @@ def show_schedule_cmd(
         out().print(grid_table(rows, title))
         if csv_path:
             out().print(f"CSV written to {csv_path}")
+
+
+CapsOpt = Annotated[
+    str,
+    typer.Option("--max-freeze-ratio", "-c",
+                 help="Cap on each stage's mean freeze ratio: one value, or one per stage comma-separated."),
+]
+
+
+def parse_caps(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TfplanError(f"--max-freeze-ratio: expected numbers (e.g. 0.9 or 0.9,0.8,0.7,0.6), got {text!r}") from None
+
+
+def render_plan(plan_obj, console: Console, title: str) -> None:
+    """The people's view of a plan: summary, per-stage ratios, heat map, before/after timelines."""
+    from tfplan.render import heat_map, plan_summary, stage_table
+
+    dag = plan_obj.dag
+    none = simulate_mod.simulate(dag)
+    planned = simulate_mod.simulate(dag, dag.durations(list(plan_obj.ratios)))
+    console.print(Text(title, style="bold"))
+    console.print(plan_summary(plan_obj))
+    console.print(stage_table(plan_obj))
+    console.print(heat_map(plan_obj, console.width))
+    console.print(legend({a.kind for a in dag.actions}))
+    console.print(Text(f"before: no freezing, {none.batch_time_ms:.3f} ms", style="bold"))
+    console.print(timeline(dag, none, console.width, span=(0.0, none.makespan_ms)), end="")
+    console.print(Text(f"after: TimelyFreeze plan, {planned.batch_time_ms:.3f} ms (same time scale)", style="bold"))
+    console.print(timeline(dag, planned, console.width, span=(0.0, none.makespan_ms)), end="")
+
+
+def plan_json(plan_obj) -> dict:
+    p = plan_obj.predicted
+    return {
+        "schedule": plan_obj.schedule.name,
+        "num_ranks": plan_obj.schedule.num_ranks,
+        "num_stages": plan_obj.schedule.num_stages,
+        "num_microbatches": plan_obj.schedule.num_microbatches,
+        "max_freeze_ratio": list(plan_obj.caps),
+        "mean_freeze_ratio": plan_obj.mean_ratio_per_stage(),
+        **p.to_dict(),
+        "solver": plan_obj.solver,
+    }
+
+
+@app.command("solve")
+def solve_cmd(
+    profile: ProfileOpt,
+    schedule: ScheduleOpt = None,
+    microbatches: MicrobatchesOpt = None,
+    stages_per_rank: StagesPerRankOpt = None,
+    schedule_csv: ScheduleCsvOpt = None,
+    ranks: RanksOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    max_freeze_ratio: CapsOpt = "0.9",
+    target_speedup: Annotated[
+        float | None,
+        typer.Option("--target-speedup", help="Instead of the fastest plan: the least freezing reaching this speedup."),
+    ] = None,
+    output: Annotated[
+        str | None, typer.Option("--output", "-o", help="Write plan JSON here (and the schedule CSV beside it).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Solve the TimelyFreeze LP: a freeze ratio per (stage, micro-batch) action that minimises the step time
+    under the per-stage cap on the mean freeze ratio.
+
+    Example: tfplan solve -p profiles/toy-uniform-4.json -s 1f1b -m 8 -c 0.9 -o plan.json
+    """
+    from tfplan import plan as plan_mod
+    from tfplan.job import solve_job
+
+    with user_errors():
+        spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage)
+        plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup)
+        csv_path = plan_mod.write(plan_obj, output) if output else None
+        if as_json:
+            print(json.dumps(plan_json(plan_obj) | {"output": output, "schedule_csv": str(csv_path or "") or None}))
+            return
+        console = out()
+        render_plan(plan_obj, console, title=_plan_title(plan_obj))
+        if output:
+            console.print(f"plan written to {output}, schedule CSV to {csv_path}")
+
+
+def _plan_title(plan_obj) -> str:
+    s = plan_obj.schedule
+    solver = plan_obj.solver
+    solved = f", solved by {solver['backend']} in {solver['wall_s']:.3f} s" if solver else ""
+    return (f"{s.name}: {s.num_ranks} ranks, {s.num_stages} stages, {s.num_microbatches} micro-batches, "
+            f"profile {plan_obj.profile_name}{solved}")
+
+
+@app.command("show")
+def show_cmd(
+    plan_path: Annotated[str, typer.Argument(help="A plan JSON written by `tfplan solve`.")],
+    trace: Annotated[str | None, typer.Option("--trace", help="Write the planned timeline as a Chrome trace.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a saved plan: predicted speedup, per-stage ratios, heat map and timelines.
+
+    Example: tfplan show plan.json --trace plan-trace.json
+    """
+    from tfplan import plan as plan_mod
+
+    with user_errors():
+        plan_obj = plan_mod.load(plan_path)
+        if trace:
+            dag = plan_obj.dag
+            sim = simulate_mod.simulate(dag, dag.durations(list(plan_obj.ratios)))
+            write_json_atomic(trace, chrome_trace(dag, sim, list(plan_obj.ratios), name=f"plan {plan_path}"))
+        if as_json:
+            print(json.dumps(plan_json(plan_obj)))
+            return
+        render_plan(plan_obj, out(), title=f"{plan_path}: {_plan_title(plan_obj)}")
+        if trace:
+            out().print(f"trace written to {trace} (open in https://ui.perfetto.dev)")
+
+
+def _split(text: str, option: str, kind: type) -> list:
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TfplanError(f"{option}: expected a comma-separated list, got {text!r}") from None
+    if not values:
+        raise TfplanError(f"{option}: empty list")
+    return values
+
+
+@app.command("whatif")
+def whatif_cmd(
+    profile: ProfileOpt,
+    schedules_list: Annotated[
+        str, typer.Option("--schedules", help="Comma-separated schedule names.")
+    ] = "gpipe,1f1b,interleaved-1f1b",
+    microbatches: Annotated[str, typer.Option("--microbatches", "-m", help="Comma-separated counts.")] = "4,8,16",
+    caps: Annotated[str, typer.Option("--caps", help="Comma-separated caps in [0, 1].")] = "0.3,0.6,0.9",
+    stages_per_rank: StagesPerRankOpt = None,
+    ranks: RanksOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    csv_out: Annotated[str | None, typer.Option("--csv", help="Write the table as CSV here.")] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of speedup against cap per schedule.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What-if sweep on a laptop: every schedule x micro-batch count x cap, with the naive uniform-freezing
+    baseline at the same mean ratio.
+
+    Example: tfplan whatif -p profiles/toy-hetero-4.json --schedules 1f1b,gpipe -m 4,8,16 --caps 0.3,0.6,0.9
+    """
+    from rich.progress import Progress
+
+    from tfplan import sweep as sweep_mod
+    from tfplan.render import sweep_table
+
+    with user_errors():
+        names = _split(schedules_list, "--schedules", str)
+        for name in names:
+            schedules.get_spec(name)
+        counts = _split(microbatches, "--microbatches", int)
+        cap_values = _split(caps, "--caps", float)
+        total = len(names) * len(counts) * len(cap_values)
+        with Progress(console=Console(stderr=True), transient=True, disable=as_json) as progress:
+            task = progress.add_task("solving", total=total)
+            rows = sweep_mod.sweep(
+                profile, names, counts, cap_values, stages_per_rank, ranks,
+                parse_int_list(layers_per_stage, "--layers-per-stage"),
+                on_row=lambda row: progress.advance(task),
+            )
+        if csv_out:
+            write_text_atomic(csv_out, sweep_mod.to_csv(rows))
+        if plot:
+            sweep_mod.plot(rows, plot)
+        if as_json:
+            print(json.dumps([r.to_dict() for r in rows]))
+            return
+        console = out()
+        console.print(sweep_table(rows, title=f"what-if on profile {profile}"))
+        for path, what in ((csv_out, "CSV"), (plot, "plot")):
+            if path:
+                console.print(f"{what} written to {path}")
 
 
 def main() -> None:

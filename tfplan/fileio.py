@@ -18,6 +18,11 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     Raises:
         TfplanError: the folder does not exist or is not writable.
     """
+    write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (see write_text_atomic)."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
@@ -27,8 +32,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     except OSError as exc:
         raise TfplanError(f"cannot write {path}: {exc.strerror}") from None
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

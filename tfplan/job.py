@@ -73,3 +73,44 @@ def build(spec: JobSpec) -> tuple[profile_mod.Profile, schedules.Schedule, dag_m
     profile = profile_mod.load(spec.profile_path)
     schedule = resolve_schedule(spec, profile)
     return profile, schedule, dag_mod.build(schedule, profile, spec.layers_per_stage)
+
+
+def target_makespan(dag: dag_mod.Dag, target_speedup: float) -> float:
+    """The DAG makespan (ms) at which the predicted step time is no-freeze step time / target_speedup.
+
+    Raises:
+        TfplanError: a target below 1 or above what freezing everything allows.
+    """
+    from tfplan.simulate import simulate
+
+    if target_speedup < 1.0:
+        raise TfplanError(f"--target-speedup must be >= 1, got {target_speedup:g}")
+    none = simulate(dag).batch_time_ms
+    frozen = simulate(dag, dag.d_min).batch_time_ms
+    if target_speedup > none / frozen * (1 + 1e-12):
+        raise TfplanError(
+            f"--target-speedup {target_speedup:g} is unreachable: even with everything frozen the predicted "
+            f"speedup is {none / frozen:.4g}x"
+        )
+    return none / target_speedup - dag.step_overhead_ms
+
+
+def solve_job(
+    spec: JobSpec, caps: Sequence[float] | float, target_speedup: float | None = None
+):
+    """Profile + schedule -> solved Plan (the library call behind `tfplan solve`)."""
+    from tfplan import plan as plan_mod
+    from tfplan import solver
+
+    profile, schedule, dag = build(spec)
+    caps = solver.check_caps(caps, schedule.num_stages)
+    target = None if target_speedup is None else target_makespan(dag, target_speedup)
+    try:
+        solution = solver.solve(dag, caps, target_makespan_ms=target)
+    except solver.UnreachableTarget as exc:
+        none = plan_mod.predict(dag, [0.0] * dag.num_nodes)[0].no_freeze_ms
+        raise TfplanError(
+            f"--target-speedup {target_speedup:g} is unreachable under the caps; the best they allow is "
+            f"{none / (exc.best_makespan_ms + dag.step_overhead_ms):.4g}x (raise --max-freeze-ratio)"
+        ) from None
+    return plan_mod.make_plan(dag, solution, caps, profile, target_speedup)

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tfplan import __version__
+from tfplan import __version__, schedules
 from tfplan import profile as profile_mod
-from tfplan import schedules
 from tfplan.actions import parse_action
 from tfplan.dag import Dag, build
 from tfplan.errors import TfplanError

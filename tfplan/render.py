@@ -139,3 +139,95 @@ def grid_table(order_rows: Sequence[Sequence[str]], title: str) -> Table:
 
 def _kind(action: str) -> str:
     return next(ch for ch in action if ch in "FBIW")
+
+
+def plan_summary(plan) -> Table:
+    """No-freeze vs planned vs all-frozen vs naive uniform freezing: step time, speedup, bubbles."""
+    p = plan.predicted
+    table = Table(title="predicted step time", title_justify="left", show_edge=False)
+    for col, justify in (("plan", "left"), ("step ms", "right"), ("speedup", "right"), ("note", "left")):
+        table.add_column(col, justify=justify)
+    mean = _overall_mean(plan)
+    table.add_row("no freezing", f"{p.no_freeze_ms:.3f}", "1.000x", f"bubbles {p.no_freeze_bubble_fraction:.1%}")
+    table.add_row(
+        Text("TimelyFreeze plan", style="bold"), Text(f"{p.planned_ms:.3f}", style="bold"),
+        Text(f"{p.speedup:.3f}x", style="bold green"), f"bubbles {p.planned_bubble_fraction:.1%}, mean ratio {mean:.3f}",
+    )
+    table.add_row("uniform freezing, same mean", f"{p.uniform_ms:.3f}", f"{p.no_freeze_ms / p.uniform_ms:.3f}x",
+                  "naive baseline: every B/W at the plan's mean ratio")
+    table.add_row("everything frozen", f"{p.all_frozen_ms:.3f}", f"{p.no_freeze_ms / p.all_frozen_ms:.3f}x",
+                  "cap 1 optimum (bound)")
+    return table
+
+
+def _overall_mean(plan) -> float:
+    from tfplan.solver import freeze_groups
+
+    nodes = [v for g in freeze_groups(plan.dag) for v in g]
+    return sum(plan.ratios[v] for v in nodes) / len(nodes) if nodes else 0.0
+
+
+def stage_table(plan) -> Table:
+    """Per stage: cap, mean planned ratio, and how much of the cap is used."""
+    table = Table(title="freeze ratio per stage", title_justify="left", show_edge=False)
+    for col in ("stage", "rank", "cap", "mean ratio", "used"):
+        table.add_column(col, justify="right")
+    for s, (cap, mean) in enumerate(zip(plan.caps, plan.mean_ratio_per_stage())):
+        used = f"{mean / cap:.0%}" if cap > 0 else "-"
+        table.add_row(str(s), str(plan.schedule.stage_to_rank[s]), f"{cap:.2f}", f"{mean:.3f}", used)
+    return table
+
+
+_SHADES = ["dark_green", "green4", "green3", "yellow3", "orange3", "dark_orange", "red3", "red1"]
+
+
+def _ratio_cell(r: float, cell: int) -> tuple[str, str]:
+    """A ratio as a `cell`-wide label (" .65", " 1.0", " -- ") and its background shade."""
+    if r <= 0:
+        return " --".rjust(cell), "dim"
+    label = " 1.0" if r >= 1 else f"{r:.2f}"[1:]
+    shade = _SHADES[min(len(_SHADES) - 1, round(r * (len(_SHADES) - 1)))]
+    return label.rjust(cell), f"black on {shade}"
+
+
+def heat_map(plan, width: int) -> Text:
+    """Stage x micro-batch map of freeze ratios (of each (stage, mb)'s B or W action); micro-batches are
+    averaged in bins when they do not fit the width."""
+    dag, m = plan.dag, plan.schedule.num_microbatches
+    grid = [[0.0] * m for _ in range(plan.schedule.num_stages)]
+    for v, a in enumerate(dag.actions):
+        if dag.freezable[v]:
+            grid[a.stage][a.mb] = plan.ratios[v]
+    cell = 4
+    per_bin = max(1, -(-m * cell // max(cell, width - 10)))  # micro-batches per column, ceil
+    bins = [range(i, min(m, i + per_bin)) for i in range(0, m, per_bin)]
+    out = Text("freeze ratio per (stage, micro-batch)" + (f", {per_bin} micro-batches per column" if per_bin > 1
+                                                           else "") + "\n", style="bold")
+    header = "".join(f"{b.start:>{cell}}" for b in bins)
+    out.append("mb      " + header + "\n", style="dim")
+    for s, row in enumerate(grid):
+        out.append(f"stage {s:<2}")
+        for b in bins:
+            r = sum(row[i] for i in b) / len(b)
+            out.append(*_ratio_cell(r, cell))
+        out.append("\n")
+    return out
+
+
+def sweep_table(rows, title: str) -> Table:
+    """The what-if sweep: one line per (schedule, micro-batches, cap)."""
+    table = Table(title=title, title_justify="left", show_edge=False)
+    cols = ("schedule", "M", "cap", "no-freeze ms", "planned ms", "speedup", "bubbles before", "after",
+            "mean ratio", "uniform same mean", "plan vs uniform")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "schedule" else "right")
+    for r in rows:
+        if r.skipped:
+            table.add_row(r.schedule, str(r.num_microbatches), f"{r.cap:g}", Text(f"n/a: {r.skipped}", style="dim"))
+            continue
+        table.add_row(
+            r.schedule, str(r.num_microbatches), f"{r.cap:g}", f"{r.no_freeze_ms:.3f}", f"{r.planned_ms:.3f}",
+            Text(f"{r.speedup:.3f}x", style="bold"), f"{r.bubble_before:.1%}", f"{r.bubble_after:.1%}",
+            f"{r.mean_freeze_ratio:.3f}", f"{r.uniform_speedup:.3f}x", f"{r.uniform_ms / r.planned_ms:.3f}x",
+        )
+    return table

@@ -36,6 +36,16 @@ from tfplan.errors import TfplanError
 REL_TOL = 1e-9  # phases 2-3 keep earlier optima within this relative tolerance
 
 
+class UnreachableTarget(TfplanError):
+    """The requested makespan is below the phase-1 optimum under the caps."""
+
+    def __init__(self, target_ms: float, best_makespan_ms: float) -> None:
+        super().__init__(
+            f"target makespan {target_ms:.6g} ms is unreachable under the caps; the best is {best_makespan_ms:.6g} ms"
+        )
+        self.best_makespan_ms = best_makespan_ms
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PhaseResult:
     """Outcome of one LP phase."""
@@ -205,9 +215,7 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
     bound = best * (1 + REL_TOL)
     if target_makespan_ms is not None:
         if target_makespan_ms < best * (1 - REL_TOL):
-            raise TfplanError(
-                f"target makespan {target_makespan_ms:.6g} ms is unreachable under the caps; the best is {best:.6g} ms"
-            )
+            raise UnreachableTarget(target_makespan_ms, best)
         bound = target_makespan_ms
     model.T.SetUb(bound)
     phases.append(model.solve("total_freeze", [(r, 1.0) for r in model.r.values()]))
