@@ -19,12 +19,7 @@ def _stages_per_rank(spec: schedules.ScheduleSpec) -> list[int]:
     return [v for v in (1, 2, 3) if v >= spec.min_stages_per_rank]
 
 
-CASES = [
-    (name, p, v, m)
-    for name, spec in schedules.SCHEDULES.items()
-    for v in _stages_per_rank(spec)
-    for p, m in GRID
-]
+CASES = [(name, p, v, m) for name, spec in schedules.SCHEDULES.items() for v in _stages_per_rank(spec) for p, m in GRID]
 
 
 def _ours(name: str, p: int, v: int, m: int) -> list[list[str]] | None:
@@ -63,8 +58,16 @@ def test_torch_1f1b_pipeline_order_is_not_what_runs() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "p", "m"), [("1f1b", 4, 8), ("interleaved-1f1b", 3, 6), ("interleaved-zb", 4, 8), ("zbv", 3, 5),
-                         ("dualpipev", 2, 6), ("looped-bfs", 2, 3), ("gpipe", 3, 4)]
+    ("name", "p", "m"),
+    [
+        ("1f1b", 4, 8),
+        ("interleaved-1f1b", 3, 6),
+        ("interleaved-zb", 4, 8),
+        ("zbv", 3, 5),
+        ("dualpipev", 2, 6),
+        ("looped-bfs", 2, 3),
+        ("gpipe", 3, 4),
+    ],
 )
 def test_csv_loads_in_torch_runtime(tmp_path, name: str, p: int, m: int) -> None:
     torch_or_skip()

@@ -52,8 +52,10 @@ def _executed_single(cls, rank: int, num_ranks: int, m: int) -> list[str]:
     schedule = cls(stage, m)
     patches = [
         mock.patch.object(schedule, "_check_inputs", return_value=([()] * m, [{}] * m)),
-        *(mock.patch.object(schedule, name) for name in
-          ("_initialize_stage", "_maybe_compute_loss", "_maybe_get_loss", "_update_losses")),
+        *(
+            mock.patch.object(schedule, name)
+            for name in ("_initialize_stage", "_maybe_compute_loss", "_maybe_get_loss", "_update_losses")
+        ),
     ]
     for p in patches:
         p.start()

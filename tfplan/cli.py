@@ -66,9 +66,7 @@ def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug 
 
 # Options shared by the planning commands.
 ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Profile JSON (per stage or per layer).")]
-ScheduleOpt = Annotated[
-    str | None, typer.Option("--schedule", "-s", help="Named schedule (see `tfplan schedules`).")
-]
+ScheduleOpt = Annotated[str | None, typer.Option("--schedule", "-s", help="Named schedule (see `tfplan schedules`).")]
 ScheduleCsvOpt = Annotated[
     str | None, typer.Option("--schedule-csv", help="Your own schedule as torch's compute-only CSV.")
 ]
@@ -227,10 +225,21 @@ def show_schedule_cmd(
             write_text_atomic(csv_path, schedules.to_csv(sched))
         rows = [[str(a) for a in r] for r in sched.order]
         if as_json:
-            print(json.dumps({"schedule": sched.name, "num_ranks": sched.num_ranks, "num_stages": sched.num_stages,
-                              "num_microbatches": sched.num_microbatches, "order": rows}))
+            print(
+                json.dumps(
+                    {
+                        "schedule": sched.name,
+                        "num_ranks": sched.num_ranks,
+                        "num_stages": sched.num_stages,
+                        "num_microbatches": sched.num_microbatches,
+                        "order": rows,
+                    }
+                )
+            )
             return
-        title = f"{sched.name}: {sched.num_ranks} ranks, {sched.num_stages} stages, {sched.num_microbatches} micro-batches"
+        title = (
+            f"{sched.name}: {sched.num_ranks} ranks, {sched.num_stages} stages, {sched.num_microbatches} micro-batches"
+        )
         out().print(grid_table(rows, title))
         if csv_path:
             out().print(f"CSV written to {csv_path}")
@@ -238,8 +247,11 @@ def show_schedule_cmd(
 
 CapsOpt = Annotated[
     str,
-    typer.Option("--max-freeze-ratio", "-c",
-                 help="Cap on each stage's mean freeze ratio: one value, or one per stage comma-separated."),
+    typer.Option(
+        "--max-freeze-ratio",
+        "-c",
+        help="Cap on each stage's mean freeze ratio: one value, or one per stage comma-separated.",
+    ),
 ]
 
 
@@ -326,8 +338,10 @@ def _plan_title(plan_obj) -> str:
     s = plan_obj.schedule
     solver = plan_obj.solver
     solved = f", solved by {solver['backend']} in {solver['wall_s']:.3f} s" if solver else ""
-    return (f"{s.name}: {s.num_ranks} ranks, {s.num_stages} stages, {s.num_microbatches} micro-batches, "
-            f"profile {plan_obj.profile_name}{solved}")
+    return (
+        f"{s.name}: {s.num_ranks} ranks, {s.num_stages} stages, {s.num_microbatches} micro-batches, "
+        f"profile {plan_obj.profile_name}{solved}"
+    )
 
 
 @app.command("show")
@@ -401,7 +415,12 @@ def whatif_cmd(
         with Progress(console=Console(stderr=True), transient=True, disable=as_json) as progress:
             task = progress.add_task("solving", total=total)
             rows = sweep_mod.sweep(
-                profile, names, counts, cap_values, stages_per_rank, ranks,
+                profile,
+                names,
+                counts,
+                cap_values,
+                stages_per_rank,
+                ranks,
                 parse_int_list(layers_per_stage, "--layers-per-stage"),
                 on_row=lambda row: progress.advance(task),
             )

@@ -74,24 +74,61 @@ class ModelShape:
 
 # Published configs (Hugging Face config.json of each meta-llama model; docs/cost-model.md).
 MODELS: dict[str, ModelShape] = _by_name(
-    ModelShape(name="llama3.2-1b", hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
-               intermediate_size=8192, vocab_size=128256, tie_embeddings=True),
-    ModelShape(name="llama3.2-3b", hidden_size=3072, num_layers=28, num_heads=24, num_kv_heads=8,
-               intermediate_size=8192, vocab_size=128256, tie_embeddings=True),
-    ModelShape(name="llama3.1-8b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
-               intermediate_size=14336, vocab_size=128256),
-    ModelShape(name="llama3.1-70b", hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8,
-               intermediate_size=28672, vocab_size=128256),
+    ModelShape(
+        name="llama3.2-1b",
+        hidden_size=2048,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        tie_embeddings=True,
+    ),
+    ModelShape(
+        name="llama3.2-3b",
+        hidden_size=3072,
+        num_layers=28,
+        num_heads=24,
+        num_kv_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        tie_embeddings=True,
+    ),
+    ModelShape(
+        name="llama3.1-8b",
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+    ),
+    ModelShape(
+        name="llama3.1-70b",
+        hidden_size=8192,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        intermediate_size=28672,
+        vocab_size=128256,
+    ),
 )
-_MODEL_ALIASES = {"llama3-1b": "llama3.2-1b", "llama3-3b": "llama3.2-3b", "llama3-8b": "llama3.1-8b",
-                  "llama3-70b": "llama3.1-70b"}
+_MODEL_ALIASES = {
+    "llama3-1b": "llama3.2-1b",
+    "llama3-3b": "llama3.2-3b",
+    "llama3-8b": "llama3.1-8b",
+    "llama3-70b": "llama3.1-70b",
+}
 
 # Attribute names accepted for a custom shape: ours, then Hugging Face's, then torchtitan-style ones.
-_SHAPE_ATTRS = {"hidden_size": ("hidden_size", "dim", "d_model"), "vocab_size": ("vocab_size",),
-                "num_layers": ("num_layers", "num_hidden_layers", "n_layers"),
-                "num_heads": ("num_heads", "num_attention_heads", "n_heads"),
-                "num_kv_heads": ("num_kv_heads", "num_key_value_heads", "n_kv_heads"),
-                "intermediate_size": ("intermediate_size", "ffn_dim", "ffn_hidden_size")}
+_SHAPE_ATTRS = {
+    "hidden_size": ("hidden_size", "dim", "d_model"),
+    "vocab_size": ("vocab_size",),
+    "num_layers": ("num_layers", "num_hidden_layers", "n_layers"),
+    "num_heads": ("num_heads", "num_attention_heads", "n_heads"),
+    "num_kv_heads": ("num_kv_heads", "num_key_value_heads", "n_kv_heads"),
+    "intermediate_size": ("intermediate_size", "ffn_dim", "ffn_hidden_size"),
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,9 +150,19 @@ GPUS: dict[str, GpuSpec] = _by_name(
     GpuSpec(name="h100", peak_bf16_tflops=989.0, hbm_gb_per_s=3350.0, links=("nvlink4", "pcie5", "ib-ndr")),
     GpuSpec(name="h200", peak_bf16_tflops=989.0, hbm_gb_per_s=4800.0, links=("nvlink4", "pcie5", "ib-ndr")),
 )
-_GPU_ALIASES = {"a100-80gb": "a100", "a100-sxm": "a100", "a100-sxm4": "a100", "a100-sxm4-80gb": "a100",
-                "h100-sxm": "h100", "h100-sxm5": "h100", "h100-80gb": "h100", "h100-sxm5-80gb": "h100",
-                "h200-sxm": "h200", "h200-141gb": "h200", "h200-sxm-141gb": "h200"}
+_GPU_ALIASES = {
+    "a100-80gb": "a100",
+    "a100-sxm": "a100",
+    "a100-sxm4": "a100",
+    "a100-sxm4-80gb": "a100",
+    "h100-sxm": "h100",
+    "h100-sxm5": "h100",
+    "h100-80gb": "h100",
+    "h100-sxm5-80gb": "h100",
+    "h200-sxm": "h200",
+    "h200-141gb": "h200",
+    "h200-sxm-141gb": "h200",
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,8 +185,14 @@ LINKS: dict[str, LinkSpec] = _by_name(
     LinkSpec(name="ib-hdr", gb_per_s=25.0, latency_us=15.0),  # HDR 200 Gb/s, one HCA per GPU
     LinkSpec(name="ib-ndr", gb_per_s=50.0, latency_us=15.0),  # NDR 400 Gb/s, one HCA per GPU
 )
-_LINK_ALIASES = {"ib-ndr400": "ib-ndr", "ib-hdr200": "ib-hdr", "pcie-gen4": "pcie4", "pcie-gen5": "pcie5",
-                 "nvlink-3": "nvlink3", "nvlink-4": "nvlink4"}
+_LINK_ALIASES = {
+    "ib-ndr400": "ib-ndr",
+    "ib-hdr200": "ib-hdr",
+    "pcie-gen4": "pcie4",
+    "pcie-gen5": "pcie5",
+    "nvlink-3": "nvlink3",
+    "nvlink-4": "nvlink4",
+}
 
 
 def _norm(name: str) -> str:
@@ -271,9 +324,17 @@ def block_forward_flops(model: str | Any, microbatch_size: int, seq_len: int) ->
     q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     pairs = microbatch_size * seq_len * (seq_len + 1) / 2  # unmasked (query, key) pairs per head
     attention = 2.0 * m.num_heads * m.head_dim * pairs  # per query head: one dot product of head_dim per pair
-    return {"q": 2.0 * tokens * d * q_out, "k": 2.0 * tokens * d * kv_out, "v": 2.0 * tokens * d * kv_out,
-            "scores": attention, "av": attention, "o": 2.0 * tokens * q_out * d,  # attention: no weights
-            "gate": 2.0 * tokens * d * f, "up": 2.0 * tokens * d * f, "down": 2.0 * tokens * f * d}
+    return {
+        "q": 2.0 * tokens * d * q_out,
+        "k": 2.0 * tokens * d * kv_out,
+        "v": 2.0 * tokens * d * kv_out,
+        "scores": attention,
+        "av": attention,
+        "o": 2.0 * tokens * q_out * d,  # attention: no weights
+        "gate": 2.0 * tokens * d * f,
+        "up": 2.0 * tokens * d * f,
+        "down": 2.0 * tokens * f * d,
+    }
 
 
 def layer_work(model: str | Any, microbatch_size: int, seq_len: int) -> tuple[LayerWork, ...]:
@@ -292,20 +353,31 @@ def layer_work(model: str | Any, microbatch_size: int, seq_len: int) -> tuple[La
     # Embedding: a gather reads and writes tokens x d; its gradient zero-fills a dense V x d tensor
     # (2 bytes/element), index-adds tokens x d rows (6 bytes/element) and accumulates into .grad.
     embed_grad = (BF16_BYTES + GRAD_ACCUMULATE_BYTES) * vocab * d + 3.0 * BF16_BYTES * tokens * d
-    embed = LayerWork(name="embed", forward_bytes=2.0 * BF16_BYTES * tokens * d,
-                      backward_weight_bytes=embed_grad)
+    embed = LayerWork(name="embed", forward_bytes=2.0 * BF16_BYTES * tokens * d, backward_weight_bytes=embed_grad)
     block_accumulate = GRAD_ACCUMULATE_BYTES * float(_block_params(m))
-    blocks = [LayerWork(name=f"block{i}", forward_flops=linear + attention, backward_weight_flops=linear,
-                        backward_input_flops=linear + 2.0 * attention, backward_weight_bytes=block_accumulate)
-              for i in range(m.num_layers)]
+    blocks = [
+        LayerWork(
+            name=f"block{i}",
+            forward_flops=linear + attention,
+            backward_weight_flops=linear,
+            backward_input_flops=linear + 2.0 * attention,
+            backward_weight_bytes=block_accumulate,
+        )
+        for i in range(m.num_layers)
+    ]
     # Head: final RMSNorm (elementwise, inside the mfu), output matmul d -> V, cross-entropy on the logits.
     # Note [tied head]: the output matrix is charged as its own weight even when tied, because in a
     # pipeline the head and the embedding live on different ranks and each computes its own gradient.
     logits, head_matmul = float(tokens * vocab), 2.0 * tokens * d * vocab
-    head = LayerWork(name="head", forward_flops=head_matmul, backward_input_flops=head_matmul,
-                     backward_weight_flops=head_matmul, forward_bytes=CE_FORWARD_BYTES_PER_LOGIT * logits,
-                     backward_input_bytes=CE_BACKWARD_BYTES_PER_LOGIT * logits,
-                     backward_weight_bytes=GRAD_ACCUMULATE_BYTES * float(vocab * d + d))  # matrix + norm
+    head = LayerWork(
+        name="head",
+        forward_flops=head_matmul,
+        backward_input_flops=head_matmul,
+        backward_weight_flops=head_matmul,
+        forward_bytes=CE_FORWARD_BYTES_PER_LOGIT * logits,
+        backward_input_bytes=CE_BACKWARD_BYTES_PER_LOGIT * logits,
+        backward_weight_bytes=GRAD_ACCUMULATE_BYTES * float(vocab * d + d),
+    )  # matrix + norm
     return (embed, *blocks, head)
 
 
@@ -318,8 +390,7 @@ def step_flops(model: str | Any, microbatch_size: int, seq_len: int, num_microba
     if num_microbatches < 1:
         raise TfplanError(f"num_microbatches: must be >= 1, got {num_microbatches}")
     work = layer_work(model, microbatch_size, seq_len)
-    return num_microbatches * sum(w.forward_flops + w.backward_input_flops + w.backward_weight_flops
-                                  for w in work)
+    return num_microbatches * sum(w.forward_flops + w.backward_input_flops + w.backward_weight_flops for w in work)
 
 
 def _check_batch(microbatch_size: int, seq_len: int) -> None:
@@ -328,8 +399,7 @@ def _check_batch(microbatch_size: int, seq_len: int) -> None:
             raise TfplanError(f"{label}: must be a positive integer, got {value!r}")
 
 
-def p2p_ms(model: str | Any, microbatch_size: int, seq_len: int, link: str | LinkSpec,
-           gpu: str | GpuSpec) -> float:
+def p2p_ms(model: str | Any, microbatch_size: int, seq_len: int, link: str | LinkSpec, gpu: str | GpuSpec) -> float:
     """Time to send one micro-batch's activations (B x T x d bf16) to the next stage, or the same-sized
     gradient back: bytes / bandwidth + latency. No overlap with compute is assumed.
 
@@ -342,9 +412,17 @@ def p2p_ms(model: str | Any, microbatch_size: int, seq_len: int, link: str | Lin
     return nbytes / (spec.gb_per_s * 1e9) * 1e3 + spec.latency_us / 1e3
 
 
-def analytic_profile(model: str | Any, gpu: str | GpuSpec, microbatch_size: int, seq_len: int, *,
-                     mfu: float = DEFAULT_MFU, link: str | LinkSpec = "nvlink", step_overhead_ms: float = 0.0,
-                     name: str | None = None) -> Profile:
+def analytic_profile(
+    model: str | Any,
+    gpu: str | GpuSpec,
+    microbatch_size: int,
+    seq_len: int,
+    *,
+    mfu: float = DEFAULT_MFU,
+    link: str | LinkSpec = "nvlink",
+    step_overhead_ms: float = 0.0,
+    name: str | None = None,
+) -> Profile:
     """A per-layer Profile ([embed, block0..block{L-1}, head]) predicted from FLOPs and bytes.
 
     Per layer: backward_ms = I + W, backward_frozen_ms = backward_input_ms = I, backward_weight_ms = W,
@@ -374,24 +452,48 @@ def analytic_profile(model: str | Any, gpu: str | GpuSpec, microbatch_size: int,
     # over HBM bytes/s) it is memory-bound and a constant mfu is optimistic.
     ridge, tokens = g.peak_bf16_tflops * 1e3 / g.hbm_gb_per_s, microbatch_size * seq_len
     if tokens < ridge:
-        warnings.warn(f"{tokens} tokens per micro-batch is below the {g.name} ridge point (~{ridge:.0f}): "
-                      "matmuls are memory-bound there and the analytic times are optimistic", stacklevel=2)
+        warnings.warn(
+            f"{tokens} tokens per micro-batch is below the {g.name} ridge point (~{ridge:.0f}): "
+            "matmuls are memory-bound there and the analytic times are optimistic",
+            stacklevel=2,
+        )
     flop_ms = 1e3 / (g.peak_bf16_tflops * 1e12 * mfu)  # ms per FLOP
     byte_ms = 1e3 / (g.hbm_gb_per_s * 1e9)  # ms per byte
     layers = []
     for w in layer_work(m, microbatch_size, seq_len):
         input_ms = w.backward_input_flops * flop_ms + w.backward_input_bytes * byte_ms
         weight_ms = w.backward_weight_flops * flop_ms + w.backward_weight_bytes * byte_ms
-        layers.append(StageCost(
-            name=w.name, forward_ms=w.forward_flops * flop_ms + w.forward_bytes * byte_ms,
-            backward_ms=input_ms + weight_ms, backward_frozen_ms=input_ms, backward_input_ms=input_ms,
-            backward_weight_ms=weight_ms, backward_weight_frozen_ms=0.0,
-        ))
-    source = {"kind": "analytic", "formula": f"tfplan.costmodel v{FORMULA_VERSION} (docs/cost-model.md)",
-              "formula_version": FORMULA_VERSION, "model": m.name, "gpu": g.name, "mfu": float(mfu),
-              "link": spec.name, "microbatch_size": microbatch_size, "seq_len": seq_len,
-              "peak_bf16_tflops": g.peak_bf16_tflops, "hbm_gb_per_s": g.hbm_gb_per_s,
-              "link_gb_per_s": spec.gb_per_s, "link_latency_us": spec.latency_us}
+        layers.append(
+            StageCost(
+                name=w.name,
+                forward_ms=w.forward_flops * flop_ms + w.forward_bytes * byte_ms,
+                backward_ms=input_ms + weight_ms,
+                backward_frozen_ms=input_ms,
+                backward_input_ms=input_ms,
+                backward_weight_ms=weight_ms,
+                backward_weight_frozen_ms=0.0,
+            )
+        )
+    source = {
+        "kind": "analytic",
+        "formula": f"tfplan.costmodel v{FORMULA_VERSION} (docs/cost-model.md)",
+        "formula_version": FORMULA_VERSION,
+        "model": m.name,
+        "gpu": g.name,
+        "mfu": float(mfu),
+        "link": spec.name,
+        "microbatch_size": microbatch_size,
+        "seq_len": seq_len,
+        "peak_bf16_tflops": g.peak_bf16_tflops,
+        "hbm_gb_per_s": g.hbm_gb_per_s,
+        "link_gb_per_s": spec.gb_per_s,
+        "link_latency_us": spec.latency_us,
+    }
     name = name or f"analytic-{m.name}-{g.name}-b{microbatch_size}-t{seq_len}"
-    return Profile(name=name, source=source, p2p_ms=p2p_ms(m, microbatch_size, seq_len, spec, g),
-                   step_overhead_ms=float(step_overhead_ms), layers=tuple(layers))
+    return Profile(
+        name=name,
+        source=source,
+        p2p_ms=p2p_ms(m, microbatch_size, seq_len, spec, g),
+        step_overhead_ms=float(step_overhead_ms),
+        layers=tuple(layers),
+    )

@@ -207,8 +207,15 @@ def to_networkx(dag: Dag) -> nx.DiGraph:
     graph.add_node("FINISH", d_min_ms=0.0, d_max_ms=0.0, freezable=False)
     for i, a in enumerate(dag.actions):
         graph.add_node(
-            i, action=str(a), rank=dag.rank[i], stage=a.stage, kind=a.kind, mb=a.mb,
-            d_min_ms=dag.d_min[i], d_max_ms=dag.d_max[i], freezable=dag.freezable[i],
+            i,
+            action=str(a),
+            rank=dag.rank[i],
+            stage=a.stage,
+            kind=a.kind,
+            mb=a.mb,
+            d_min_ms=dag.d_min[i],
+            d_max_ms=dag.d_max[i],
+            freezable=dag.freezable[i],
         )
     for u, v, lag, kind in dag.edges():
         if graph.has_edge(u, v):

@@ -95,9 +95,7 @@ def target_makespan(dag: dag_mod.Dag, target_speedup: float) -> float:
     return none / target_speedup - dag.step_overhead_ms
 
 
-def solve_job(
-    spec: JobSpec, caps: Sequence[float] | float, target_speedup: float | None = None
-):
+def solve_job(spec: JobSpec, caps: Sequence[float] | float, target_speedup: float | None = None):
     """Profile + schedule -> solved Plan (the library call behind `tfplan solve`)."""
     from tfplan import plan as plan_mod
     from tfplan import solver

@@ -130,8 +130,13 @@ def make_plan(
         "status": "OPTIMAL",
         "lp_makespan_ms": solution.makespan_ms,
         "phases": [
-            {"name": p.name, "objective": p.objective, "status": p.status, "iterations": p.iterations,
-             "wall_s": p.wall_s}
+            {
+                "name": p.name,
+                "objective": p.objective,
+                "status": p.status,
+                "iterations": p.iterations,
+                "wall_s": p.wall_s,
+            }
             for p in solution.phases
         ],
         "build_s": solution.build_s,
@@ -239,13 +244,15 @@ def from_dict(obj: Any) -> Plan:
 
     prof_obj = _require(obj, "profile", dict, "")
     stages = _require(prof_obj, "stages", list, "profile.")
-    prof = profile_mod.from_dict({
-        "schema_version": profile_mod.SCHEMA_VERSION,
-        "name": _require(prof_obj, "name", str, "profile."),
-        "p2p_ms": prof_obj.get("p2p_ms", 0.0),
-        "step_overhead_ms": prof_obj.get("step_overhead_ms", 0.0),
-        "stages": stages,
-    })
+    prof = profile_mod.from_dict(
+        {
+            "schema_version": profile_mod.SCHEMA_VERSION,
+            "name": _require(prof_obj, "name", str, "profile."),
+            "p2p_ms": prof_obj.get("p2p_ms", 0.0),
+            "step_overhead_ms": prof_obj.get("step_overhead_ms", 0.0),
+            "stages": stages,
+        }
+    )
     dag = build(sched, prof)
 
     caps = _require(obj, "max_freeze_ratio", list, "")

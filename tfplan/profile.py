@@ -280,10 +280,13 @@ def load(path: str | Path) -> Profile:
 def uniform(num_stages: int, name: str = "uniform", **costs: float) -> Profile:
     """A hand profile with the same costs on every stage (tests, examples)."""
     defaults = dict(
-        forward_ms=1.0, backward_ms=2.0, backward_frozen_ms=1.0,
-        backward_input_ms=1.0, backward_weight_ms=1.0, backward_weight_frozen_ms=0.0,
+        forward_ms=1.0,
+        backward_ms=2.0,
+        backward_frozen_ms=1.0,
+        backward_input_ms=1.0,
+        backward_weight_ms=1.0,
+        backward_weight_frozen_ms=0.0,
     )
     p2p = costs.pop("p2p_ms", 0.0)
     cost = StageCost(**(defaults | costs))
     return Profile(name=name, source={"kind": "hand"}, p2p_ms=p2p, stages=(cost,) * num_stages)
-

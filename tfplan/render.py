@@ -14,7 +14,12 @@ from rich.text import Text
 from tfplan.dag import Dag
 from tfplan.simulate import Simulation
 
-KIND_STYLE = {"F": "black on bright_cyan", "B": "black on bright_green", "I": "black on yellow", "W": "white on magenta"}
+KIND_STYLE = {
+    "F": "black on bright_cyan",
+    "B": "black on bright_green",
+    "I": "black on yellow",
+    "W": "white on magenta",
+}
 KIND_NAME = {"F": "forward", "B": "full backward", "I": "input-grad backward", "W": "weight-grad backward"}
 IDLE = "\u00b7"  # middle dot; the only non-ASCII glyph we print (rich renders it everywhere)
 
@@ -150,13 +155,23 @@ def plan_summary(plan) -> Table:
     mean = _overall_mean(plan)
     table.add_row("no freezing", f"{p.no_freeze_ms:.3f}", "1.000x", f"bubbles {p.no_freeze_bubble_fraction:.1%}")
     table.add_row(
-        Text("TimelyFreeze plan", style="bold"), Text(f"{p.planned_ms:.3f}", style="bold"),
-        Text(f"{p.speedup:.3f}x", style="bold green"), f"bubbles {p.planned_bubble_fraction:.1%}, mean ratio {mean:.3f}",
+        Text("TimelyFreeze plan", style="bold"),
+        Text(f"{p.planned_ms:.3f}", style="bold"),
+        Text(f"{p.speedup:.3f}x", style="bold green"),
+        f"bubbles {p.planned_bubble_fraction:.1%}, mean ratio {mean:.3f}",
     )
-    table.add_row("uniform freezing, same mean", f"{p.uniform_ms:.3f}", f"{p.no_freeze_ms / p.uniform_ms:.3f}x",
-                  "naive baseline: every B/W at the plan's mean ratio")
-    table.add_row("everything frozen", f"{p.all_frozen_ms:.3f}", f"{p.no_freeze_ms / p.all_frozen_ms:.3f}x",
-                  "cap 1 optimum (bound)")
+    table.add_row(
+        "uniform freezing, same mean",
+        f"{p.uniform_ms:.3f}",
+        f"{p.no_freeze_ms / p.uniform_ms:.3f}x",
+        "naive baseline: every B/W at the plan's mean ratio",
+    )
+    table.add_row(
+        "everything frozen",
+        f"{p.all_frozen_ms:.3f}",
+        f"{p.no_freeze_ms / p.all_frozen_ms:.3f}x",
+        "cap 1 optimum (bound)",
+    )
     return table
 
 
@@ -201,8 +216,12 @@ def heat_map(plan, width: int) -> Text:
     cell = 4
     per_bin = max(1, -(-m * cell // max(cell, width - 10)))  # micro-batches per column, ceil
     bins = [range(i, min(m, i + per_bin)) for i in range(0, m, per_bin)]
-    out = Text("freeze ratio per (stage, micro-batch)" + (f", {per_bin} micro-batches per column" if per_bin > 1
-                                                           else "") + "\n", style="bold")
+    out = Text(
+        "freeze ratio per (stage, micro-batch)"
+        + (f", {per_bin} micro-batches per column" if per_bin > 1 else "")
+        + "\n",
+        style="bold",
+    )
     header = "".join(f"{b.start:>{cell}}" for b in bins)
     out.append("mb      " + header + "\n", style="dim")
     for s, row in enumerate(grid):
@@ -217,8 +236,19 @@ def heat_map(plan, width: int) -> Text:
 def sweep_table(rows, title: str) -> Table:
     """The what-if sweep: one line per (schedule, micro-batches, cap)."""
     table = Table(title=title, title_justify="left", show_edge=False)
-    cols = ("schedule", "M", "cap", "no-freeze ms", "planned ms", "speedup", "bubbles before", "after",
-            "mean ratio", "uniform same mean", "plan vs uniform")
+    cols = (
+        "schedule",
+        "M",
+        "cap",
+        "no-freeze ms",
+        "planned ms",
+        "speedup",
+        "bubbles before",
+        "after",
+        "mean ratio",
+        "uniform same mean",
+        "plan vs uniform",
+    )
     for col in cols:
         table.add_column(col, justify="left" if col == "schedule" else "right")
     for r in rows:
@@ -226,8 +256,16 @@ def sweep_table(rows, title: str) -> Table:
             table.add_row(r.schedule, str(r.num_microbatches), f"{r.cap:g}", Text(f"n/a: {r.skipped}", style="dim"))
             continue
         table.add_row(
-            r.schedule, str(r.num_microbatches), f"{r.cap:g}", f"{r.no_freeze_ms:.3f}", f"{r.planned_ms:.3f}",
-            Text(f"{r.speedup:.3f}x", style="bold"), f"{r.bubble_before:.1%}", f"{r.bubble_after:.1%}",
-            f"{r.mean_freeze_ratio:.3f}", f"{r.uniform_speedup:.3f}x", f"{r.uniform_ms / r.planned_ms:.3f}x",
+            r.schedule,
+            str(r.num_microbatches),
+            f"{r.cap:g}",
+            f"{r.no_freeze_ms:.3f}",
+            f"{r.planned_ms:.3f}",
+            Text(f"{r.speedup:.3f}x", style="bold"),
+            f"{r.bubble_before:.1%}",
+            f"{r.bubble_after:.1%}",
+            f"{r.mean_freeze_ratio:.3f}",
+            f"{r.uniform_speedup:.3f}x",
+            f"{r.uniform_ms / r.planned_ms:.3f}x",
         )
     return table

@@ -118,44 +118,45 @@ def _interleaved(p: int, v: int, m: int, zero_bubble: bool) -> list[list[Action]
     # Depth-first interleaving (Megatron's interleaved 1F1B; with zero_bubble, torch's ZB1P variant that
     # splits backwards into I and W and fills bubbles with W). Phases per rank: warm-up forwards, steady
     # 1F1B(+W), cool-down backwards(+W), then the remaining W.
+    return [_interleaved_rank(p, v, m, r, zero_bubble) for r in range(p)]
+
+
+def _interleaved_rank(p: int, v: int, m: int, r: int, zero_bubble: bool) -> list[Action]:
     per_round = _rounds(p, m)
-    order = []
-    for r in range(p):
-        hops = 1 if zero_bubble else 2  # extra warm-up forwards per hop away from the last rank
-        warmup = min((v - 1) * per_round + hops * (p - 1 - r), m * v)
-        total = m * v  # forwards (= backwards) on this rank
-        bwd_kind = "I" if zero_bubble else "B"
-        first_w_after = r  # zero bubble: steady steps before W starts (torch's num_1f1b_microbatches)
+    hops = 1 if zero_bubble else 2  # extra warm-up forwards per hop away from the last rank
+    warmup = min((v - 1) * per_round + hops * (p - 1 - r), m * v)
+    total = m * v  # forwards (= backwards) on this rank
+    bwd_kind = "I" if zero_bubble else "B"
+    first_w_after = r  # zero bubble: steady steps before W starts (torch's num_1f1b_microbatches)
 
-        def fwd_stage(step: int) -> int:
-            return ((step // per_round) % v) * p + r
+    def fwd_stage(step: int) -> int:
+        return ((step // per_round) % v) * p + r
 
-        def bwd_stage(step: int) -> int:
-            return (v - 1 - ((step - warmup) // per_round) % v) * p + r
+    def bwd_stage(step: int) -> int:
+        return (v - 1 - ((step - warmup) // per_round) % v) * p + r
 
-        next_mb: dict[tuple[int, str], int] = {}
+    next_mb: dict[tuple[int, str], int] = {}
 
-        def take(stage: int, kind: str) -> Action:
-            mb = next_mb.get((stage, kind), 0)
-            next_mb[(stage, kind)] = mb + 1
-            return Action(stage, kind, mb)
+    def take(stage: int, kind: str) -> Action:
+        mb = next_mb.get((stage, kind), 0)
+        next_mb[(stage, kind)] = mb + 1
+        return Action(stage, kind, mb)
 
-        actions: list[Action] = []
-        bwd_steps: list[int] = []  # steps whose backward ran, in order; W follows the same order
-        w_done = 0
-        for step in range(total + warmup):
-            if step < total:
-                actions.append(take(fwd_stage(step), "F"))
-            if step >= warmup:
-                actions.append(take(bwd_stage(step), bwd_kind))
-                bwd_steps.append(step)
-                if zero_bubble and step - warmup >= first_w_after:
-                    actions.append(take(bwd_stage(bwd_steps[w_done]), "W"))
-                    w_done += 1
-        if zero_bubble:
-            actions.extend(take(bwd_stage(step), "W") for step in bwd_steps[w_done:])
-        order.append(actions)
-    return order
+    actions: list[Action] = []
+    bwd_steps: list[int] = []  # steps whose backward ran, in order; W follows the same order
+    w_done = 0
+    for step in range(total + warmup):
+        if step < total:
+            actions.append(take(fwd_stage(step), "F"))
+        if step >= warmup:
+            actions.append(take(bwd_stage(step), bwd_kind))
+            bwd_steps.append(step)
+            if zero_bubble and step - warmup >= first_w_after:
+                actions.append(take(bwd_stage(bwd_steps[w_done]), "W"))
+                w_done += 1
+    if zero_bubble:
+        actions.extend(take(bwd_stage(step), "W") for step in bwd_steps[w_done:])
+    return actions
 
 
 def _interleaved_1f1b(p: int, v: int, m: int) -> list[list[Action]]:
@@ -173,112 +174,114 @@ def _interleaved_zb(p: int, v: int, m: int) -> list[list[Action]]:
 def _zbv(p: int, v: int, m: int) -> list[list[Action]]:
     # ZB-V (zero bubble, V placement). torch plans with at least 2P-1 micro-batches and then drops the
     # actions of micro-batches >= M, so small M keeps the same relative order.
+    return [_zbv_rank(p, m, r) for r in range(p)]
+
+
+def _zbv_rank(p: int, m: int, r: int) -> list[Action]:
     planned = max(2 * p - 1, m)
-    order = []
-    for r in range(p):
-        c0, c1 = r, 2 * p - 1 - r  # chunk 0 (down the V) and chunk 1 (back up)
-        cnt = {"f0": 0, "f1": 0, "b0": 0, "b1": 0}
-        actions: list[Action] = []
+    c0, c1 = r, 2 * p - 1 - r  # chunk 0 (down the V) and chunk 1 (back up)
+    cnt = {"f0": 0, "f1": 0, "b0": 0, "b1": 0}
+    actions: list[Action] = []
 
-        def emit(stage: int, kind: str, key: str | None, mb: int | None = None) -> None:
-            if mb is None:
-                mb = cnt[key]
-                cnt[key] += 1
-            actions.append(Action(stage, kind, mb))
+    def emit(stage: int, kind: str, key: str | None, mb: int | None = None) -> None:
+        if mb is None:
+            mb = cnt[key]
+            cnt[key] += 1
+        actions.append(Action(stage, kind, mb))
 
-        for _ in range(2 * (p - r) - 1):  # warm-up 1: chunk-0 forwards
+    for _ in range(2 * (p - r) - 1):  # warm-up 1: chunk-0 forwards
+        emit(c0, "F", "f0")
+    for _ in range(r):  # warm-up 2: alternate chunk-1 and chunk-0 forwards
+        emit(c1, "F", "f1")
+        emit(c0, "F", "f0")
+    for _ in range(p - r):  # warm-up 3: chunk-1 forward, then its I and W
+        emit(c1, "F", "f1")
+        emit(c1, "I", None, cnt["b1"])
+        emit(c1, "W", "b1")
+    while cnt["f1"] < cnt["f0"] or cnt["f0"] < planned:  # steady state
+        if cnt["f0"] < planned:
             emit(c0, "F", "f0")
-        for _ in range(r):  # warm-up 2: alternate chunk-1 and chunk-0 forwards
-            emit(c1, "F", "f1")
-            emit(c0, "F", "f0")
-        for _ in range(p - r):  # warm-up 3: chunk-1 forward, then its I and W
-            emit(c1, "F", "f1")
-            emit(c1, "I", None, cnt["b1"])
-            emit(c1, "W", "b1")
-        while cnt["f1"] < cnt["f0"] or cnt["f0"] < planned:  # steady state
-            if cnt["f0"] < planned:
-                emit(c0, "F", "f0")
-            emit(c0, "I", None, cnt["b0"])
-            emit(c0, "W", "b0")
-            emit(c1, "F", "f1")
-            emit(c1, "I", None, cnt["b1"])
-            emit(c1, "W", "b1")
-        w0, w1 = cnt["b0"], cnt["b1"]
-        for _ in range(r):  # cool-down 1: input gradients of both chunks
-            emit(c0, "I", "b0")
-            emit(c1, "I", "b1")
-        for _ in range(p - r):  # cool-down 2: chunk-0 I, each followed by a pending chunk-0 W
-            emit(c0, "I", "b0")
-            emit(c0, "W", None, w0)
-            w0 += 1
-        actions += [Action(c1, "W", i) for i in range(w1, cnt["b1"])]
-        actions += [Action(c0, "W", i) for i in range(w0, cnt["b0"])]
-        order.append([a for a in actions if a.mb < m])
-    return order
+        emit(c0, "I", None, cnt["b0"])
+        emit(c0, "W", "b0")
+        emit(c1, "F", "f1")
+        emit(c1, "I", None, cnt["b1"])
+        emit(c1, "W", "b1")
+    w0, w1 = cnt["b0"], cnt["b1"]
+    for _ in range(r):  # cool-down 1: input gradients of both chunks
+        emit(c0, "I", "b0")
+        emit(c1, "I", "b1")
+    for _ in range(p - r):  # cool-down 2: chunk-0 I, each followed by a pending chunk-0 W
+        emit(c0, "I", "b0")
+        emit(c0, "W", None, w0)
+        w0 += 1
+    actions += [Action(c1, "W", i) for i in range(w1, cnt["b1"])]
+    actions += [Action(c0, "W", i) for i in range(w0, cnt["b0"])]
+    return [a for a in actions if a.mb < m]
 
 
 def _dualpipev(p: int, v: int, m: int) -> list[list[Action]]:
     # DualPipeV (DeepSeek's DualPipe folded into a V). Eight labelled phases with closed-form counts;
     # an overlapped forward/backward pair is written as its two actions, forward first.
-    order = []
-    for r in range(p):
-        s0, s1 = r, 2 * p - 1 - r
-        nxt: dict[tuple[int, str], int] = {}  # (stage, "F" | "I" | "W") -> next micro-batch
-        pending_w: list[tuple[int, int]] = []  # (stage, mb) whose I ran and whose W is still due
-        actions: list[Action] = []
+    return [_dualpipev_rank(p, m, r) for r in range(p)]
 
-        def fwd(stage: int) -> None:
-            mb = nxt.get((stage, "F"), 0)
-            nxt[(stage, "F")] = mb + 1
-            actions.append(Action(stage, "F", mb))
 
-        def bwd(stage: int, split: bool) -> None:
-            mb = nxt.get((stage, "I"), 0)
-            nxt[(stage, "I")] = mb + 1
-            if split:
-                actions.append(Action(stage, "I", mb))
-                pending_w.append((stage, mb))
-            else:
-                actions.append(Action(stage, "B", mb))
+def _dualpipev_rank(p: int, m: int, r: int) -> list[Action]:
+    s0, s1 = r, 2 * p - 1 - r
+    nxt: dict[tuple[int, str], int] = {}  # (stage, "F" | "I" | "W") -> next micro-batch
+    pending_w: list[tuple[int, int]] = []  # (stage, mb) whose I ran and whose W is still due
+    actions: list[Action] = []
 
-        def weight() -> None:
-            if pending_w:
-                stage, mb = pending_w.pop(0)
-                actions.append(Action(stage, "W", mb))
+    def fwd(stage: int) -> None:
+        mb = nxt.get((stage, "F"), 0)
+        nxt[(stage, "F")] = mb + 1
+        actions.append(Action(stage, "F", mb))
 
-        for _ in range((p - r - 1) * 2):  # 1: F0
-            fwd(s0)
-        for _ in range(r + 1):  # 2: F0 F1
-            fwd(s0)
-            fwd(s1)
-        for _ in range(p - r - 1):  # 3: I1 W F1 (zero bubble)
-            bwd(s1, split=True)
-            weight()
-            fwd(s1)
-        for i in range(m - 2 * p + r + 1):  # 4 (main): (F0, B1) (F1, B0) overlapped
-            fwd(s0)
-            bwd(s1, split=False)
-            fwd(s1)
-            bwd(s0, split=False)
-        for _ in range(p - r - 1):  # 5: B1, then (F1, B0)
-            bwd(s1, split=False)
-            fwd(s1)
-            bwd(s0, split=False)
-        split = False
-        for i in range(r + 1):  # 6: B1 B0, switching to split backwards half way
-            if i == (r + 1) // 2 and r % 2 == 1:
-                split = True
-            bwd(s1, split)
-            if i == (r + 1) // 2 and r % 2 == 0:
-                split = True
-            bwd(s0, split)
-        for _ in range(p - r - 1):  # 7: W, B0
-            weight()
-            bwd(s0, split)
-        for _ in range(r + 1):  # 8: the remaining W
-            weight()
-        order.append(actions)
-    return order
+    def bwd(stage: int, split: bool) -> None:
+        mb = nxt.get((stage, "I"), 0)
+        nxt[(stage, "I")] = mb + 1
+        if split:
+            actions.append(Action(stage, "I", mb))
+            pending_w.append((stage, mb))
+        else:
+            actions.append(Action(stage, "B", mb))
+
+    def weight() -> None:
+        if pending_w:
+            stage, mb = pending_w.pop(0)
+            actions.append(Action(stage, "W", mb))
+
+    for _ in range((p - r - 1) * 2):  # 1: F0
+        fwd(s0)
+    for _ in range(r + 1):  # 2: F0 F1
+        fwd(s0)
+        fwd(s1)
+    for _ in range(p - r - 1):  # 3: I1 W F1 (zero bubble)
+        bwd(s1, split=True)
+        weight()
+        fwd(s1)
+    for _ in range(m - 2 * p + r + 1):  # 4 (main): (F0, B1) (F1, B0) overlapped
+        fwd(s0)
+        bwd(s1, split=False)
+        fwd(s1)
+        bwd(s0, split=False)
+    for _ in range(p - r - 1):  # 5: B1, then (F1, B0)
+        bwd(s1, split=False)
+        fwd(s1)
+        bwd(s0, split=False)
+    split = False
+    for i in range(r + 1):  # 6: B1 B0, switching to split backwards half way
+        if i == (r + 1) // 2 and r % 2 == 1:
+            split = True
+        bwd(s1, split)
+        if i == (r + 1) // 2 and r % 2 == 0:
+            split = True
+        bwd(s0, split)
+    for _ in range(p - r - 1):  # 7: W, B0
+        weight()
+        bwd(s0, split)
+    for _ in range(r + 1):  # 8: the remaining W
+        weight()
+    return actions
 
 
 SCHEDULES: dict[str, ScheduleSpec] = {
@@ -286,28 +289,64 @@ SCHEDULES: dict[str, ScheduleSpec] = {
     for spec in (
         ScheduleSpec("gpipe", "GPipe", "fill-drain: all forwards, then all backwards", "loop", 1, 1, 1, _gpipe),
         ScheduleSpec(
-            "1f1b", "1F1B", "one forward, one backward in steady state (needs M >= P)", "loop", 1, 1, 1,
+            "1f1b",
+            "1F1B",
+            "one forward, one backward in steady state (needs M >= P)",
+            "loop",
+            1,
+            1,
+            1,
             _one_f_one_b,
         ),
         ScheduleSpec(
-            "interleaved-1f1b", "Interleaved1F1B", "1F1B over V >= 2 looped stages per rank, depth first",
-            "loop", 2, None, 2, _interleaved_1f1b,
+            "interleaved-1f1b",
+            "Interleaved1F1B",
+            "1F1B over V >= 2 looped stages per rank, depth first",
+            "loop",
+            2,
+            None,
+            2,
+            _interleaved_1f1b,
         ),
         ScheduleSpec(
-            "looped-bfs", "LoopedBFS", "looped stages per rank, breadth first (all mbs of a stage at once)",
-            "loop", 1, None, 2, _looped_bfs,
+            "looped-bfs",
+            "LoopedBFS",
+            "looped stages per rank, breadth first (all mbs of a stage at once)",
+            "loop",
+            1,
+            None,
+            2,
+            _looped_bfs,
         ),
         ScheduleSpec(
-            "interleaved-zb", "InterleavedZeroBubble", "interleaved with split I/W backwards (ZB1P)",
-            "loop", 1, None, 2, _interleaved_zb,
+            "interleaved-zb",
+            "InterleavedZeroBubble",
+            "interleaved with split I/W backwards (ZB1P)",
+            "loop",
+            1,
+            None,
+            2,
+            _interleaved_zb,
         ),
         ScheduleSpec(
-            "zbv", "ZBVZeroBubble", "zero bubble with V placement, 2 stages per rank, split I/W", "v", 2, 2, 2,
+            "zbv",
+            "ZBVZeroBubble",
+            "zero bubble with V placement, 2 stages per rank, split I/W",
+            "v",
+            2,
+            2,
+            2,
             _zbv,
         ),
         ScheduleSpec(
-            "dualpipev", "DualPipeV", "DeepSeek DualPipe folded into a V, 2 stages per rank (needs M >= 2P)",
-            "v", 2, 2, 2, _dualpipev,
+            "dualpipev",
+            "DualPipeV",
+            "DeepSeek DualPipe folded into a V, 2 stages per rank (needs M >= 2P)",
+            "v",
+            2,
+            2,
+            2,
+            _dualpipev,
         ),
     )
 }

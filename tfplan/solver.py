@@ -106,7 +106,9 @@ def check_caps(caps: Sequence[float] | float, num_stages: int) -> list[float]:
     if len(caps) == 1:
         caps *= num_stages
     if len(caps) != num_stages:
-        raise TfplanError(f"--max-freeze-ratio: got {len(caps)} per-stage caps but the schedule has {num_stages} stages")
+        raise TfplanError(
+            f"--max-freeze-ratio: got {len(caps)} per-stage caps but the schedule has {num_stages} stages"
+        )
     for s, c in enumerate(caps):
         if not 0.0 <= c <= 1.0:
             raise TfplanError(f"--max-freeze-ratio: cap of stage {s} must be in [0, 1], got {c:g}")
@@ -183,9 +185,14 @@ class _GlopModel:
         start = time.perf_counter()
         status = self.solver.Solve()
         wall = time.perf_counter() - start
-        names = {pywraplp.Solver.OPTIMAL: "OPTIMAL", pywraplp.Solver.INFEASIBLE: "INFEASIBLE",
-                 pywraplp.Solver.UNBOUNDED: "UNBOUNDED", pywraplp.Solver.ABNORMAL: "ABNORMAL",
-                 pywraplp.Solver.NOT_SOLVED: "NOT_SOLVED", pywraplp.Solver.FEASIBLE: "FEASIBLE"}
+        names = {
+            pywraplp.Solver.OPTIMAL: "OPTIMAL",
+            pywraplp.Solver.INFEASIBLE: "INFEASIBLE",
+            pywraplp.Solver.UNBOUNDED: "UNBOUNDED",
+            pywraplp.Solver.ABNORMAL: "ABNORMAL",
+            pywraplp.Solver.NOT_SOLVED: "NOT_SOLVED",
+            pywraplp.Solver.FEASIBLE: "FEASIBLE",
+        }
         status_name = names.get(status, str(status))
         if status != pywraplp.Solver.OPTIMAL:
             raise TfplanError(f"LP phase {name}: GLOP returned {status_name} instead of OPTIMAL (after {wall:.2f} s)")

@@ -64,8 +64,14 @@ def sweep(
     rows = []
     for name in schedule_names:
         for m in microbatches:
-            spec = JobSpec(profile_path=profile_path, schedule=name, num_microbatches=m,
-                           stages_per_rank=stages_per_rank, num_ranks=num_ranks, layers_per_stage=layers_per_stage)
+            spec = JobSpec(
+                profile_path=profile_path,
+                schedule=name,
+                num_microbatches=m,
+                stages_per_rank=stages_per_rank,
+                num_ranks=num_ranks,
+                layers_per_stage=layers_per_stage,
+            )
             try:
                 schedule = resolve_schedule(spec, profile)
                 dag = build(schedule, profile, layers_per_stage)
@@ -85,11 +91,20 @@ def sweep(
                 groups = [v for g in solver.freeze_groups(dag) for v in g]
                 mean = sum(solution.ratios[v] for v in groups) / len(groups) if groups else 0.0
                 row = SweepRow(
-                    schedule=schedule.name, num_microbatches=m, cap=c, num_ranks=schedule.num_ranks,
-                    num_stages=schedule.num_stages, no_freeze_ms=p.no_freeze_ms, planned_ms=p.planned_ms,
-                    speedup=p.speedup, bubble_before=p.no_freeze_bubble_fraction,
-                    bubble_after=p.planned_bubble_fraction, mean_freeze_ratio=mean, uniform_ms=p.uniform_ms,
-                    uniform_speedup=p.no_freeze_ms / p.uniform_ms, all_frozen_ms=p.all_frozen_ms,
+                    schedule=schedule.name,
+                    num_microbatches=m,
+                    cap=c,
+                    num_ranks=schedule.num_ranks,
+                    num_stages=schedule.num_stages,
+                    no_freeze_ms=p.no_freeze_ms,
+                    planned_ms=p.planned_ms,
+                    speedup=p.speedup,
+                    bubble_before=p.no_freeze_bubble_fraction,
+                    bubble_after=p.planned_bubble_fraction,
+                    mean_freeze_ratio=mean,
+                    uniform_ms=p.uniform_ms,
+                    uniform_speedup=p.no_freeze_ms / p.uniform_ms,
+                    all_frozen_ms=p.all_frozen_ms,
                     solve_s=solution.wall_s,
                 )
                 rows.append(row)
@@ -134,9 +149,14 @@ def plot(rows: Sequence[SweepRow], path: str) -> None:
             series.setdefault((row.schedule, row.num_microbatches), []).append(row)
     for (name, m), items in series.items():
         items.sort(key=lambda r: r.cap)
-        line, = ax.plot([r.cap for r in items], [r.speedup for r in items], marker="o", label=f"{name}, M={m}")
-        ax.plot([r.cap for r in items], [r.uniform_speedup for r in items], linestyle="--", color=line.get_color(),
-                alpha=0.6)
+        (line,) = ax.plot([r.cap for r in items], [r.speedup for r in items], marker="o", label=f"{name}, M={m}")
+        ax.plot(
+            [r.cap for r in items],
+            [r.uniform_speedup for r in items],
+            linestyle="--",
+            color=line.get_color(),
+            alpha=0.6,
+        )
     ax.set_xlabel("cap on mean freeze ratio per stage")
     ax.set_ylabel("predicted speedup over no freezing")
     ax.set_title("TimelyFreeze plan (solid) vs uniform freezing at the same mean (dashed)")
