@@ -1,0 +1,1 @@
+"""tfrun: pipeline-parallel training on torch.distributed.pipelining with per-micro-batch freezing."""

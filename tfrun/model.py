@@ -1,0 +1,400 @@
+"""A LLaMA-style decoder built one pipeline stage at a time: tokens -> hidden -> ... -> hidden -> logits.
+
+The file reads top to bottom: configuration and named sizes, how layers are split over stages, the components
+(RMSNorm, rotary embeddings, grouped-query attention, SwiGLU MLP, pre-norm block), the stage module with its
+deterministic initialisation, `build_stage`, and the loss.
+
+Only the requested stage's parameters are ever created. Each layer draws its initial values from its own
+generator seeded by (seed, global layer index), so stage s of an S-stage split holds exactly the values of the
+same layers in a 1-stage model; the executor's tests compare a pipeline against that single-process reference.
+
+Time the CPU sizes (one compute thread, as every pipeline rank runs):
+    python -m tfrun.model
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ModelError(ValueError):
+    """A model configuration or stage request the user can fix (bad sizes, stage index out of range)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """Shape of a LLaMA-style decoder. Parameters are float32; mixed precision is the trainer's business."""
+
+    vocab_size: int
+    """Number of token ids: rows of the embedding and columns of the logits."""
+    dim: int
+    """Width of the residual stream, in features."""
+    n_layers: int
+    """Number of transformer blocks in the whole model (all stages together)."""
+    n_heads: int
+    """Number of query heads per attention layer; head width is dim / n_heads features."""
+    n_kv_heads: int
+    """Number of key/value heads (grouped-query attention); must divide n_heads."""
+    ffn_dim: int
+    """Hidden width of the SwiGLU MLP, in features."""
+    max_seq_len: int
+    """Longest sequence the rotary tables cover, in tokens."""
+    rope_theta: float = 10000.0
+    """Base of the rotary frequencies (dimensionless); LLaMA 3 uses 500000."""
+    norm_eps: float = 1e-5
+    """Added to the mean square inside RMSNorm (dimensionless)."""
+    tie_embeddings: bool = False
+    """Share the embedding matrix with the LM head; 1-stage models only, see Note [tied embeddings]."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ModelError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.dim % self.n_heads:
+            raise ModelError(f"dim: must be divisible by n_heads={self.n_heads}, got {self.dim}")
+        if self.n_heads % self.n_kv_heads:
+            raise ModelError(f"n_kv_heads: must divide n_heads={self.n_heads}, got {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ModelError(f"dim / n_heads: rotary embeddings need an even head width, got {self.head_dim}")
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            raise ModelError(f"rope_theta and norm_eps: must be > 0, got {self.rope_theta}, {self.norm_eps}")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, in features."""
+        return self.dim // self.n_heads
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> ModelConfig:
+        """Inverse of to_dict; unknown or missing keys raise ModelError naming the key."""
+        fields = dataclasses.fields(cls)
+        for key in sorted(set(data) - {f.name for f in fields}):
+            raise ModelError(f"model.{key}: unknown key")
+        for f in fields:
+            if f.name not in data and f.default is dataclasses.MISSING:
+                raise ModelError(f"model.{f.name}: missing")
+        return cls(**data)  # type: ignore[arg-type]
+
+
+# Named sizes. tiny/small use the byte vocabulary (256) of tfrun.data and are sized for CPU runs with a
+# micro-batch of 4 sequences x 128 tokens and one compute thread per process (torch.set_num_threads(1)).
+# `python -m tfrun.model` on the 2-core dev host (torch 2.13.0+cpu, median of 20), ms per micro-batch, for a
+# 2-stage split; F forward, B full backward, I input-gradient-only backward (every weight frozen):
+#   tiny  (1.25 M params per stage, 2 blocks each): stage 0 F 19, B 36;  stage 1 F 20, B 38, I 23
+#   small (6.39 M params per stage, 4 blocks each): stage 0 F 87, B 167; stage 1 F 84, B 166, I 95
+# A 30-step GPipe run of tiny with 8 micro-batches on 2 ranks then computes (8 + 1) * (20 + 38) ms = 0.5 s
+# per step, about 16 s in all (about 1.5x that inside a gloo pipeline, see TORCH-NOTES); one activation
+# message is 4 x 128 x 256 float32 = 512 KiB, well under a millisecond on loopback. tiny's ffn_dim is 2 * dim
+# (not LLaMA's ~8/3 * dim) to keep it in that budget. The LLaMA shapes are the published ones; max_seq_len
+# is their 8192-token pre-training context (the llama3 rope scaling for 128K contexts changes no shape).
+MODELS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(
+        vocab_size=256, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=512, max_seq_len=512
+    ),
+    "small": ModelConfig(
+        vocab_size=256, dim=384, n_layers=8, n_heads=6, n_kv_heads=2, ffn_dim=1024, max_seq_len=1024
+    ),
+    "llama3.2-1b": ModelConfig(
+        vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192,
+        max_seq_len=8192, rope_theta=500000.0, norm_eps=1e-5, tie_embeddings=True,
+    ),
+    "llama3.1-8b": ModelConfig(
+        vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
+        max_seq_len=8192, rope_theta=500000.0, norm_eps=1e-5, tie_embeddings=False,
+    ),
+}
+
+
+# Note [layer split]: stages are balanced by layer count. When n_layers % num_stages != 0 the extra layers go
+# to the middle stages first, then to the first stage, never to the last: the last stage also runs the final
+# norm and LM head, which for a 128K vocabulary costs about as much as two or three blocks, while the
+# embedding lookup on the first stage is nearly free (there are at most num_stages - 1 extra layers).
+def split_layers(n_layers: int, num_stages: int) -> list[int]:
+    """Number of transformer blocks on each stage, first to last.
+
+    Args:
+        n_layers: blocks in the whole model.
+        num_stages: pipeline stages; every stage gets at least one block.
+    Returns:
+        Block counts per stage, summing to n_layers. See Note [layer split].
+    Raises:
+        ModelError: num_stages < 1 or more stages than blocks.
+
+    >>> split_layers(8, 3), split_layers(7, 3), split_layers(5, 2)
+    ([3, 3, 2], [2, 3, 2], [3, 2])
+    """
+    if num_stages < 1:
+        raise ModelError(f"num_stages: must be >= 1, got {num_stages}")
+    if n_layers < num_stages:
+        raise ModelError(f"num_stages: {num_stages} stages need as many layers, the model has {n_layers}")
+    counts = [n_layers // num_stages] * num_stages
+    for stage in [*range(1, num_stages - 1), 0][: n_layers % num_stages]:
+        counts[stage] += 1
+    return counts
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension; (..., dim) -> (..., dim)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # In float32 so that low-precision activations do not lose the mean square.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, each (max_seq_len, head_dim / 2) float32 on the default device.
+
+    Angle of position p and pair i is p * theta^(-2i / head_dim) radians; computed in float64 for accuracy.
+    """
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (head_dim/2,)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate feature pairs (i, i + hd/2) of x (B, T, heads, hd) by the angles in cos/sin (T, hd/2).
+
+    This is the "rotate half" layout; it differs from Meta's interleaved pairs only by a fixed permutation of
+    the head features, which is immaterial for a model trained from scratch.
+    """
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]  # broadcast over batch and heads
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads; (B, T, dim) -> (B, T, dim)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = apply_rope(self.wq(x).view(b, t, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(b, t, self.n_kv_heads, self.head_dim), cos, sin)
+        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim)
+        # GQA: query head h reads kv head h // rep, so repeat each kv head rep times -> (B, T, n_heads, hd).
+        rep = self.n_heads // self.n_kv_heads
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        # SDPA takes (B, heads, T, hd); is_causal masks future positions.
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, n_heads, T, hd)
+        return self.wo(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: w2(silu(w1 x) * w3 x); (B, T, dim) -> (B, T, dim) through ffn_dim features."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)  # gate
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)  # up
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: h + attn(norm(h)), then h + mlp(norm(h)); (B, T, dim) -> (B, T, dim)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = h + self.attn(self.attn_norm(h), cos, sin)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+# Weights are N(0, INIT_STD); the two projections that write into the residual stream (attn.wo, mlp.w2) are
+# scaled down by sqrt(2 * n_layers) so the stream's variance does not grow with depth (GPT-2). Norm weights
+# start at 1. The LM head uses INIT_STD too, so an untrained model predicts nearly uniformly (loss ~ ln V).
+INIT_STD = 0.02
+_RESIDUAL_OUT = ("attn.wo.weight", "mlp.w2.weight")
+
+
+def _generator(seed: int, key: str, device: torch.device) -> torch.Generator:
+    """A generator for one named part ("embed", "layer.3", "head") of the model, independent of the split."""
+    digest = hashlib.blake2b(f"{seed}/{key}".encode(), digest_size=8).digest()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int.from_bytes(digest, "little") >> 1)  # 63 bits: always a valid seed
+    return gen
+
+
+# Note [tied embeddings]: a tied head shares one tensor with the embedding, but in a pipeline the embedding
+# lives on the first stage and the head on the last, in different processes. Keeping them tied would need an
+# extra all-reduce of the two gradients every step. We untie instead for num_stages > 1: the head starts as
+# an exact copy of the embedding (same generator), so the forward pass at step 0 equals the 1-stage model's,
+# but the two matrices then train separately. A 1-stage model keeps them tied (one parameter, embed.weight).
+class TransformerStage(nn.Module):
+    """One pipeline stage: [embedding] -> blocks layer_ids -> [final norm -> LM head].
+
+    Stage 0 maps token ids (B, T) int64 to hidden (B, T, dim); middle stages map hidden to hidden; the last
+    stage returns logits (B, T, vocab_size) float32; a 1-stage model maps token ids to logits. Blocks are kept
+    under their global index (`layers.5.attn.wq.weight`) so names and values do not depend on the split.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer_ids: range, *, is_first: bool, is_last: bool) -> None:
+        super().__init__()
+        self.cfg, self.layer_ids, self.is_first, self.is_last = cfg, layer_ids, is_first, is_last
+        self.tied = cfg.tie_embeddings and is_first and is_last  # Note [tied embeddings]
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim) if is_first else None
+        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in layer_ids})
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps) if is_last else None
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False) if is_last else None
+        self._tie()
+        # Rotary tables shared by every block of the stage; recomputed rather than checkpointed.
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def _tie(self) -> None:
+        if self.tied:
+            self.head.weight = self.embed.weight
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Fill every parameter and buffer from (seed, part name); see the module docstring.
+
+        Values are exactly reproducible for a given device type (CPU and CUDA generators differ).
+        """
+        self._tie()  # to_empty() may have replaced the shared tensor
+        device = self.rope_cos.device
+        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        if self.embed is not None:
+            self.embed.weight.normal_(0.0, INIT_STD, generator=_generator(seed, "embed", device))
+        out_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
+        for i, block in self.layers.items():
+            gen = _generator(seed, f"layer.{i}", device)
+            for name, p in block.named_parameters():  # registration order: fixed, so draws are too
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, out_std if name in _RESIDUAL_OUT else INIT_STD, generator=gen)
+        if self.norm is not None:
+            self.norm.weight.fill_(1.0)
+        if self.head is not None and not self.tied:
+            # An untied split of a tied config starts the head as a copy of the embedding.
+            key = "embed" if self.cfg.tie_embeddings else "head"
+            self.head.weight.normal_(0.0, INIT_STD, generator=_generator(seed, key, device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x  # (B, T) int64 -> (B, T, dim)
+        t = h.shape[1]
+        if t > self.cfg.max_seq_len:
+            raise ModelError(f"sequence of {t} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        for block in self.layers.values():
+            h = block(h, cos, sin)
+        if self.head is None:
+            return h
+        return self.head(self.norm(h)).float()  # (B, T, vocab_size) float32
+
+
+def build_stage(
+    cfg: ModelConfig, stage_index: int, num_stages: int, seed: int, *, device: str | torch.device = "cpu"
+) -> TransformerStage:
+    """Create only stage `stage_index` of a `num_stages` split, initialised from `seed`.
+
+    Args:
+        cfg: model shape.
+        stage_index: 0-based stage to build.
+        num_stages: stages in the split (1 builds the whole model).
+        seed: initialisation seed; equal seeds give equal values for every layer whatever the split.
+        device: where parameters live. "meta" allocates nothing and skips initialisation (shapes only).
+    Returns:
+        The stage module, in train mode.
+    Raises:
+        ModelError: stage_index out of range or fewer layers than stages.
+    """
+    counts = split_layers(cfg.n_layers, num_stages)
+    if not 0 <= stage_index < num_stages:
+        raise ModelError(f"stage_index: must be in [0, {num_stages}), got {stage_index}")
+    first = sum(counts[:stage_index])
+    layer_ids = range(first, first + counts[stage_index])
+    is_first, is_last = stage_index == 0, stage_index == num_stages - 1
+    with torch.device("meta"):  # allocate once below: skips nn.Linear's own (wasted) init of big matrices
+        stage = TransformerStage(cfg, layer_ids, is_first=is_first, is_last=is_last)
+    if torch.device(device).type != "meta":
+        stage.to_empty(device=device)
+        stage.init_weights(seed)
+    return stage
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in nats, float32; logits (B, T, V), targets (B, T) int64 -> scalar."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
+
+
+def count_params(module: nn.Module) -> int:
+    """Number of parameter elements, counting a shared (tied) tensor once."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def _time_ms(fn, setup=lambda: None, repeats: int = 20) -> float:
+    """Median wall time of fn(setup()) in milliseconds, setup untimed, after three warm-up calls."""
+    times = []
+    for _ in range(3 + repeats):
+        arg = setup()
+        start = time.perf_counter()
+        fn(arg)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times[3:])
+
+
+def _benchmark(batch: int = 4, seq_len: int = 128, num_stages: int = 2) -> None:
+    """Print forward (F), full backward (B) and input-only backward (I) ms per micro-batch per stage."""
+    torch.set_num_threads(1)  # one compute thread per rank, as torchrun's OMP_NUM_THREADS=1 gives
+    gen = torch.Generator().manual_seed(0)
+    for name in ("tiny", "small"):
+        cfg = MODELS[name]
+        tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=gen)
+        for s in range(num_stages):
+            stage = build_stage(cfg, s, num_stages, seed=0)
+            x = tokens if s == 0 else torch.randn(batch, seq_len, cfg.dim, requires_grad=True)
+
+            def scalar(stage=stage, x=x, tokens=tokens) -> torch.Tensor:
+                y = stage(x)  # a middle stage's gradient source is a stand-in scalar of its output
+                return loss_fn(y, tokens) if stage.is_last else y.square().mean()
+
+            fwd = _time_ms(lambda _, scalar=scalar: scalar().detach())
+            bwd = _time_ms(lambda y: y.backward(), setup=scalar)
+            # I: gradient for the stage input only, as when every weight is frozen (none on stage 0).
+            inp = _time_ms(lambda y, x=x: torch.autograd.grad(y, [x]), setup=scalar) if s else None
+            print(f"{name:6s} stage {s}/{num_stages} ({count_params(stage):,} params, threads=1, micro-batch "
+                  f"{batch}x{seq_len}): F {fwd:.1f} ms, B {bwd:.1f} ms, I {'-' if inp is None else f'{inp:.1f}'} ms")
+
+
+if __name__ == "__main__":
+    _benchmark()
