@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from tfrun.errors import TfrunError
+
 VOCAB_SIZE = 256
 """Byte vocabulary: token id = byte value."""
 
@@ -27,7 +29,7 @@ MIN_CORPUS_BYTES = 4096
 """Smallest corpus accepted, in bytes: enough for a validation tail and a few sequences."""
 
 
-class DataError(ValueError):
+class DataError(TfrunError):
     """A data problem the user can fix (missing or too-short file, batch not divisible, bad resume state)."""
 
 

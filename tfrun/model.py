@@ -25,8 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfrun.errors import TfrunError
 
-class ModelError(ValueError):
+
+class ModelError(TfrunError):
     """A model configuration or stage request the user can fix (bad sizes, stage index out of range)."""
 
 

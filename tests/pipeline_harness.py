@@ -1,0 +1,101 @@
+"""Run one pipeline step on several gloo ranks (spawned processes) and compare with a single process.
+
+Used by tests/test_runtime.py. Each case is (schedule name, ranks, stages per rank, micro-batches, ratios,
+freeze method); every rank runs all cases in one process group to pay process start-up once.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tfplan import schedules
+from tfrun.freezing import Freezer, candidates
+from tfrun.model import MODELS, build_stage, loss_fn
+from tfrun.runtime import StepState, build_schedule, make_stage
+from tfrun.timing import ActionTimer
+
+MODEL, SEED, MB_SIZE, SEQ = "tiny", 3, 2, 16
+
+
+def batch(num_microbatches: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    tokens = torch.randint(0, 256, (num_microbatches * MB_SIZE, SEQ + 1), generator=g)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def case_ratios(sched: schedules.Schedule, pattern: str) -> dict[tuple[int, int], float]:
+    """(stage, mb) -> ratio: none, all, or a deterministic mix (0, 0.3, 0.6, 1.0 cycling)."""
+    if pattern == "none":
+        return {}
+    levels = [0.0, 0.3, 0.6, 1.0]
+    return {
+        (s, m): 1.0 if pattern == "all" else levels[(s + m) % 4]
+        for s in range(sched.num_stages) for m in range(sched.num_microbatches)
+    }
+
+
+def worker(rank: int, world: int, port: int, cases: list[tuple], out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for i, (name, p, v, m, pattern, method) in enumerate(cases):
+            sched = schedules.generate(name, p, m, v)
+            local = [s for s, r in enumerate(sched.stage_to_rank) if r == rank]
+            cfg = MODELS[MODEL]
+            modules = {s: build_stage(cfg, s, sched.num_stages, SEED) for s in local}
+            freezer = Freezer({s: candidates(mod) for s, mod in modules.items()},
+                              case_ratios(sched, pattern), seed=SEED)
+            state = StepState(freezing=pattern != "none")
+            timer = ActionTimer(rank, torch.device("cpu"))
+            stages = [make_stage(modules[s], s, sched.num_stages, torch.device("cpu"), group=None,
+                                 freezer=freezer, timer=timer, state=state, method=method) for s in local]
+            order = [[str(a) for a in row] for row in sched.order]
+            runtime = build_schedule(order, stages, m, loss_fn, rank)
+            x, y = batch(m)
+            losses: list = []
+            state.begin(0)
+            has_first, has_last = 0 in local, sched.num_stages - 1 in local
+            runtime.step(*((x,) if has_first else ()), **({"target": y, "losses": losses} if has_last else {}))
+            grads = {n: p_.grad.clone() if p_.grad is not None else None
+                     for mod in modules.values() for n, p_ in mod.named_parameters()}
+            torch.save({"grads": grads, "losses": [float(v_) for v_ in losses], "shares": dict(state.shares)},
+                       Path(out_dir) / f"case{i}-rank{rank}.pt")
+            dist.barrier()
+    except Exception:
+        Path(out_dir, f"error-rank{rank}.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def reference(name: str, p: int, v: int, m: int, pattern: str) -> tuple[dict, list[float]]:
+    """Single process: per micro-batch loss/M, each parameter's gradient summed over the micro-batches in
+    which its stage did not freeze it (the paper's semantics); returns (grads by name, per-mb losses)."""
+    sched = schedules.generate(name, p, m, v)
+    cfg = MODELS[MODEL]
+    full = build_stage(cfg, 0, 1, SEED)
+    stage_mods = {s: build_stage(cfg, s, sched.num_stages, SEED, device="meta")
+                  for s in range(sched.num_stages)}
+    freezer = Freezer({s: candidates(mod) for s, mod in stage_mods.items()}, case_ratios(sched, pattern),
+                      seed=SEED)
+    owner = {n: s for s, mod in stage_mods.items() for n, _ in mod.named_parameters()}
+    x, y = batch(m)
+    xs, ys = x.chunk(m), y.chunk(m)
+    total = {n: torch.zeros_like(t) for n, t in full.named_parameters()}
+    losses = []
+    for mb in range(m):
+        full.zero_grad(set_to_none=True)
+        loss = loss_fn(full(xs[mb]), ys[mb])
+        losses.append(float(loss))
+        (loss / m).backward()
+        for n, t in full.named_parameters():
+            frozen = pattern != "none" and n in freezer.selection(0, owner[n], mb).names
+            if not frozen:
+                total[n] += t.grad
+    return total, losses

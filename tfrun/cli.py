@@ -1,0 +1,139 @@
+"""`tfrun`: run pipeline-parallel training that applies a TimelyFreeze plan, and measure profiles.
+
+Examples:
+    tfrun train --plan plan.json --steps 30 --out runs/plan
+    tfrun train --plan plan.json --freeze none --out runs/baseline
+    tfrun profile --model tiny --stages 2 --microbatches 8 --output profile.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tfplan.errors import TfplanError
+from tfrun.errors import TfrunError
+
+app = typer.Typer(
+    name="tfrun",
+    help="Run pipeline-parallel training with per-micro-batch freezing (torch.distributed.pipelining).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    try:
+        yield
+    except (TfrunError, TfplanError) as exc:
+        first, _, rest = str(exc).partition("\n")
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {first}", markup=True)
+        if rest:
+            err.print(rest, markup=False)
+        raise typer.Exit(1) from None
+
+
+@app.command("train")
+def train_cmd(
+    plan: Annotated[str, typer.Option("--plan", help="Plan JSON from `tfplan solve`.")],
+    model: Annotated[str, typer.Option("--model", help="Model size: tiny, small, llama3.2-1b, llama3.1-8b.")] = "tiny",
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 30,
+    seed: Annotated[int, typer.Option("--seed", help="Initialisation, data and freeze-selection seed.")] = 0,
+    out: Annotated[str, typer.Option("--out", help="Output folder.")] = "runs/latest",
+    freeze: Annotated[str, typer.Option("--freeze", help="plan: apply the plan; none: the unfrozen baseline.")] = "plan",
+    freeze_method: Annotated[
+        str, typer.Option("--freeze-method", help="detach (forward with frozen weights detached) or grad.")
+    ] = "detach",
+    ramp_steps: Annotated[int, typer.Option("--ramp-steps", help="Ramp ratios from 0 over K steps.")] = 0,
+    redraw_every: Annotated[int, typer.Option("--redraw-every", help="Re-draw random frozen sets every K.")] = 10,
+    grad_rescale: Annotated[
+        bool, typer.Option("--grad-rescale", help="Gradient = mean over contributing micro-batches.")
+    ] = False,
+    microbatch_size: Annotated[int, typer.Option("--microbatch-size", help="Sequences per micro-batch.")] = 4,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", help="Sequences per step (= micro-batch size x plan's M).")
+    ] = None,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 128,
+    lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 3e-4,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="Validation loss every K steps (0: end).")] = 0,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Checkpoint every K (0: end).")] = 0,
+    resume: Annotated[
+        str | None, typer.Option("--resume", help="Continue the run in this folder from its latest checkpoint.")
+    ] = None,
+    data: Annotated[str | None, typer.Option("--data", help="Training text file (default: pydoc topics).")] = None,
+    threads: Annotated[int, typer.Option("--threads", help="Compute threads per rank (CPU).")] = 1,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Train with the plan's schedule, freezing each (stage, micro-batch) action's share of parameters.
+
+    Starts the plan's number of ranks on this host through torch.distributed.run, or joins an external
+    `torchrun` job. Writes metrics.jsonl, summary.json, profile.json and checkpoints to --out.
+    """
+    from tfrun import launch, setup
+
+    with user_errors():
+        config = setup.train_config(
+            plan_path=plan, model=model, steps=steps, seed=seed, out_dir=resume or out, freeze=freeze,
+            freeze_method=freeze_method, ramp_steps=ramp_steps, redraw_every=redraw_every,
+            grad_rescale=grad_rescale, microbatch_size=microbatch_size, global_batch=global_batch,
+            seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
+            resume=resume is not None, data_path=data, threads=threads, quiet=quiet,
+        )
+        if launch.under_torchrun():
+            from tfrun.worker import run_worker
+
+            sys.exit(run_worker(config))
+        launch.launch(config)
+        summary = json.loads((setup.out_path(config) / "summary.json").read_text())
+        setup.print_summary(summary, Console(highlight=False))
+
+
+@app.command("profile")
+def profile_cmd(
+    model: Annotated[str, typer.Option("--model", help="Model size (tfrun.model.MODELS).")] = "tiny",
+    stages: Annotated[int, typer.Option("--stages", help="Pipeline stages (= ranks x stages per rank).")] = 2,
+    microbatches: Annotated[int, typer.Option("--microbatches", "-m", help="Micro-batches per step.")] = 8,
+    schedule: Annotated[str, typer.Option("--schedule", help="Full-backward schedule timed for F/B.")] = "1f1b",
+    stages_per_rank: Annotated[int, typer.Option("--stages-per-rank", help="Stages per rank V.")] = 1,
+    steps: Annotated[int, typer.Option("--steps", help="Steps per measuring run (4 runs).")] = 8,
+    microbatch_size: Annotated[int, typer.Option("--microbatch-size", help="Sequences per micro-batch.")] = 4,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 128,
+    threads: Annotated[int, typer.Option("--threads", help="Compute threads per rank (CPU).")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed.")] = 0,
+    output: Annotated[str, typer.Option("--output", "-o", help="Profile JSON to write.")] = "profile.json",
+    work_dir: Annotated[
+        str | None, typer.Option("--work-dir", help="Keep the measuring runs here (default: a temp folder).")
+    ] = None,
+) -> None:
+    """Measure a profile inside the pipeline: nothing frozen, then everything frozen, with a full-backward
+    schedule (F, B, frozen B) and its split I/W counterpart (I, W, frozen W); writes tfplan's format."""
+    from tfrun import profiling
+
+    with user_errors():
+        prof = profiling.measure(
+            model=model, num_stages=stages, num_microbatches=microbatches, schedule=schedule,
+            stages_per_rank=stages_per_rank, steps=steps, microbatch_size=microbatch_size, seq_len=seq_len,
+            threads=threads, seed=seed, work_dir=work_dir,
+        )
+        from tfplan.fileio import write_json_atomic
+
+        write_json_atomic(output, prof.to_dict())
+        Console(highlight=False).print(f"profile written to {output}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,136 @@
+"""What one training run does: the schedule to run, the freeze ratios, the model, data and loop settings.
+
+`TrainConfig` is plain data. The launcher validates it before any rank starts and hands it to the workers
+as JSON (the only thing that crosses into the worker processes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tfrun.errors import TfrunError
+
+FREEZE_MODES = ("plan", "none", "all")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """One training (or profiling) run."""
+
+    order: list[list[str]]
+    """Per-rank compute actions in torch's grammar (the plan's schedule)."""
+    num_stages: int
+    """Pipeline stages S."""
+    num_microbatches: int
+    """Micro-batches M per step."""
+    stage_to_rank: list[int]
+    """stage_to_rank[s] = rank holding stage s."""
+    schedule_name: str = "custom"
+    """For reports."""
+    ratios: dict[str, float] = field(default_factory=dict)
+    """Action (e.g. "1B3") -> planned freeze ratio; absent = 0."""
+    predicted_step_ms: float | None = None
+    """The plan's predicted step time for this freeze mode (planned_ms, or no_freeze_ms under none)."""
+    plan_path: str | None = None
+    plan_profile: dict | None = None
+    """The plan's profile section (per-stage costs it was planned with), JSON form."""
+    freeze: str = "plan"
+    """plan: apply the ratios; none: freeze nothing (the baseline); all: freeze everything (profiling)."""
+    freeze_method: str = "detach"
+    """detach or grad (tfrun.runtime Note [freeze methods])."""
+    model: str = "tiny"
+    """Named model size (tfrun.model.MODELS)."""
+    steps: int = 30
+    """Optimizer steps to run (in all, counting resumed ones)."""
+    seed: int = 0
+    """Initialisation, data order and freeze selection seed."""
+    out_dir: str = "runs/latest"
+    """Where metrics.jsonl, summary.json, profile.json and checkpoints go."""
+    microbatch_size: int = 4
+    """Sequences per micro-batch."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    lr: float = 3e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    ramp_steps: int = 0
+    """Ratios ramp linearly from 0 to the plan over this many steps (0 = plan from the first step)."""
+    redraw_every: int = 10
+    """Steps between random re-draws of the frozen subsets."""
+    grad_rescale: bool = False
+    """Rescale each gradient by M / (micro-batches that contributed) instead of summing only unfrozen ones."""
+    eval_every: int = 0
+    """Evaluate validation loss every this many steps (0 = only at the end)."""
+    eval_batches: int = 4
+    """Validation batches per evaluation."""
+    checkpoint_every: int = 0
+    """Checkpoint every this many steps (0 = only at the end)."""
+    resume: bool = False
+    """Continue from out_dir's latest checkpoint."""
+    data_path: str | None = None
+    """Training text; None = CPython's pydoc topics."""
+    timing_warmup_steps: int = 1
+    """Steps (after the ramp) left out of timing medians (the first step infers shapes)."""
+    threads: int = 1
+    """Compute threads per rank (CPU)."""
+    quiet: bool = False
+    """No progress bar (benchmarks, tests)."""
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.order)
+
+    @property
+    def global_batch(self) -> int:
+        return self.microbatch_size * self.num_microbatches
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise TfrunError(f"run config: unknown field {unknown[0]}")
+        return cls(**obj)
+
+    def save(self, path: str | Path) -> None:
+        from tfplan.fileio import write_json_atomic
+
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def check(self) -> None:
+        """Validate the settings a user chooses (one clear line per problem)."""
+        from tfrun.model import MODELS
+
+        if self.freeze not in FREEZE_MODES:
+            raise TfrunError(f"--freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}")
+        if self.freeze_method not in ("detach", "grad"):
+            raise TfrunError(f"--freeze-method must be detach or grad, got {self.freeze_method!r}")
+        if self.model not in MODELS:
+            raise TfrunError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
+        cfg = MODELS[self.model]
+        if cfg.n_layers < self.num_stages:
+            raise TfrunError(
+                f"model {self.model} has {cfg.n_layers} layers, fewer than the plan's {self.num_stages} stages"
+            )
+        if self.seq_len > cfg.max_seq_len:
+            raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len {cfg.max_seq_len}")
+        for name in ("steps", "microbatch_size", "seq_len", "redraw_every", "eval_batches", "threads"):
+            if getattr(self, name) < 1:
+                raise TfrunError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("ramp_steps", "eval_every", "checkpoint_every", "timing_warmup_steps"):
+            if getattr(self, name) < 0:
+                raise TfrunError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise TfrunError(f"--lr must be > 0, got {self.lr}")

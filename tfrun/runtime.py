@@ -1,0 +1,190 @@
+"""The one module that touches torch.distributed.pipelining, including its private runtime API.
+
+We run every schedule (GPipe and 1F1B too) as the plan's per-rank action lists on torch's own
+`_PipelineScheduleRuntime`, which lowers them with its send/recv passes; no torch code is vendored or patched.
+Per-action behaviour goes through a thin `PipelineStage` subclass:
+  * timing: `forward_one_chunk`, `backward_one_chunk` (B or I) and `backward_weight_one_chunk` (W) are timed;
+    the runtime has already waited for the action's inputs when it calls them, so spans are compute only;
+  * freezing: Note [freeze methods].
+
+Note [freeze methods]: never toggle requires_grad per micro-batch (with torch 2.13 pipelining that silently
+loses gradients or crashes zero-bubble schedules). Two exact ways, selectable for measurement:
+  detach  the micro-batch's forward runs with its frozen parameters replaced by detached tensors
+          (torch.func.functional_call), so they are not in that micro-batch's autograd graph at all: the
+          backward (B, or I then W) computes no gradient for them, activations needed only for their weight
+          gradients are not saved, and on stage 0 a frozen prefix prunes the backward below it entirely;
+  grad    the forward is unchanged; the backward asks autograd only for the stage inputs and the unfrozen
+          parameters (a full B via autograd.grad, a split I via stage_backward_input with the unfrozen
+          weights), which is what the paper's code does.
+The decision is keyed by parameter name, never by position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from tfrun.errors import TfrunError
+from tfrun.freezing import Freezer
+from tfrun.timing import ActionTimer
+
+SUPPORTED_TORCH = ((2, 12), (2, 15))  # [lower, upper): private runtime API checked against these versions
+DETACH, GRAD = "detach", "grad"
+
+
+def check_torch() -> None:
+    """Refuse an unsupported torch before any rank starts (private API: `_PipelineScheduleRuntime`,
+    `_Action`, `_prepare_schedule_with_comms`, `_backward.stage_backward_input`)."""
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    lo, hi = SUPPORTED_TORCH
+    if not lo <= version < hi:
+        raise TfrunError(
+            f"torch {torch.__version__} is not supported: tfrun uses torch.distributed.pipelining's private "
+            f"runtime, tested on 2.13 and supported for {lo[0]}.{lo[1]} <= version < {hi[0]}.{hi[1]}"
+        )
+    try:
+        from torch.distributed.pipelining import _backward, schedules
+
+        for obj, name in ((schedules, "_PipelineScheduleRuntime"), (schedules, "_Action"),
+                          (_backward, "stage_backward_input"), (_backward, "stage_backward_weight")):
+            getattr(obj, name)
+        schedules._PipelineScheduleRuntime._prepare_schedule_with_comms  # noqa: B018
+    except (ImportError, AttributeError) as exc:
+        raise TfrunError(f"torch {torch.__version__} lacks the pipelining runtime API tfrun needs: {exc}") from None
+
+
+@dataclass(slots=True)
+class StepState:
+    """Mutable per-step state shared (explicitly) by a rank's stages and its training loop."""
+
+    step: int = 0
+    freezing: bool = True
+    """False during evaluation and in `--freeze none` runs."""
+    shares: dict[tuple[int, int], float] = field(default_factory=dict)
+    """(stage, mb) -> realised frozen share this step."""
+    frozen_counts: dict[str, int] = field(default_factory=dict)
+    """"stage:parameter name" -> micro-batches in which it was frozen this step (for --grad-rescale)."""
+
+    def begin(self, step: int) -> None:
+        self.step = step
+        self.shares.clear()
+        self.frozen_counts.clear()
+
+
+def make_stage(
+    module: nn.Module,
+    stage_index: int,
+    num_stages: int,
+    device: torch.device,
+    *,
+    group,
+    freezer: Freezer,
+    timer: ActionTimer,
+    state: StepState,
+    method: str = DETACH,
+):
+    """A PipelineStage that times its actions and freezes per (stage, micro-batch) (Note [freeze methods])."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    assert method in (DETACH, GRAD)
+    params = dict(module.named_parameters())
+
+    class _Stage(PipelineStage):
+        def _frozen(self, mb: int) -> frozenset[str]:
+            if not (state.freezing and self.has_backward):
+                return frozenset()
+            sel = freezer.selection(state.step, self.stage_index, mb)
+            if (self.stage_index, mb) not in state.shares:
+                state.shares[(self.stage_index, mb)] = sel.share
+                for name in sel.names:
+                    key = f"{self.stage_index}:{name}"
+                    state.frozen_counts[key] = state.frozen_counts.get(key, 0) + 1
+            return sel.names
+
+        def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
+            self._fwd_mb = fwd_chunk_id
+            return timer.time(f"{self.stage_index}F{fwd_chunk_id}", super().forward_one_chunk,
+                              fwd_chunk_id, args, kwargs, save_forward_output)
+
+        def forward_maybe_with_nosync(self, *args, **kwargs):
+            frozen = self._frozen(self._fwd_mb)
+            if method != DETACH or not frozen:
+                return super().forward_maybe_with_nosync(*args, **kwargs)
+            detached = {name: params[name].detach() for name in frozen}
+            return torch.func.functional_call(self.submod, detached, args, kwargs)
+
+        def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
+            self._bwd_mb = bwd_chunk_id
+            kind = "B" if full_backward else "I"
+            return timer.time(f"{self.stage_index}{kind}{bwd_chunk_id}", super().backward_one_chunk,
+                              bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
+
+        def backward_weight_one_chunk(self, bwd_chunk_id, last_backward=False):
+            self._bwd_mb = bwd_chunk_id
+            return timer.time(f"{self.stage_index}W{bwd_chunk_id}", super().backward_weight_one_chunk,
+                              bwd_chunk_id, last_backward=last_backward)
+
+        def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+            frozen = self._frozen(self._bwd_mb) if method == GRAD else frozenset()
+            if not frozen or backward_type == "weight":
+                return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+            unfrozen = [p for name, p in params.items() if name not in frozen and p.requires_grad]
+            if backward_type == "input":
+                return stage_backward_input(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                                            bwd_kwargs["input_values"], iter(unfrozen))
+            return _restricted_backward(bwd_kwargs, unfrozen), None
+
+    return _Stage(module, stage_index, num_stages, device, group=group)
+
+
+def _restricted_backward(bwd_kwargs: dict, params: Sequence[torch.Tensor]) -> tuple:
+    """A full backward that computes gradients only for the stage inputs and `params` (accumulated into
+    .grad); returns the input gradients like torch's stage_backward."""
+    out = bwd_kwargs["stage_output"]
+    outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+    grads = bwd_kwargs["output_grads"]
+    grads = [None] * len(outputs) if grads is None else list(grads)
+    pairs = [(o, g) for o, g in zip(outputs, grads) if isinstance(o, torch.Tensor) and o.requires_grad]
+    inputs = [v for v in bwd_kwargs["input_values"] if isinstance(v, torch.Tensor) and v.requires_grad]
+    targets = inputs + list(params)
+    if not pairs or not targets:
+        return tuple(None for _ in bwd_kwargs["input_values"])
+    result = torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True)
+    for p, g in zip(params, result[len(inputs):]):
+        if g is not None:
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad += g
+    it = iter(result[: len(inputs)])
+    return tuple(next(it) if isinstance(v, torch.Tensor) and v.requires_grad else None
+                 for v in bwd_kwargs["input_values"])
+
+
+def build_schedule(
+    order: Sequence[Sequence[str]],
+    stages: list,
+    num_microbatches: int,
+    loss_fn: Callable,
+    rank: int,
+):
+    """torch's `_PipelineScheduleRuntime` fed with the plan's per-rank order; refuses a lowered schedule
+    whose compute actions on this rank differ from the plan's."""
+    from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+
+    runtime = _PipelineScheduleRuntime(stages, num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    actions = {r: [_Action.from_str(a) for a in row] for r, row in enumerate(order)}
+    runtime.pipeline_order = actions
+    runtime._prepare_schedule_with_comms(actions)
+    compute = ("F", "B", "I", "W")
+    lowered = [str(a) for a in runtime.pipeline_order_with_comms[rank] if a.computation_type.value in compute]
+    if lowered != list(order[rank]):
+        raise TfrunError(
+            f"rank {rank}: torch's runtime would run {lowered[:6]}... but the plan says {list(order[rank])[:6]}...; "
+            "refusing to run a schedule other than the planned one"
+        )
+    return runtime

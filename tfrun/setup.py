@@ -1,0 +1,87 @@
+"""From the user's options and plan file to a validated TrainConfig, before any rank starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tfrun.config import TrainConfig
+from tfrun.errors import TfrunError
+
+
+def train_config(*, plan_path: str, global_batch: int | None, microbatch_size: int, **options) -> TrainConfig:
+    """Read the plan and combine it with the options; every user mistake raises one clear line.
+
+    Raises:
+        TfrunError / TfplanError: a missing or malformed plan, unknown model, a batch the plan's
+            micro-batch count does not divide, a bad option or an unsupported torch.
+    """
+    from tfplan import plan as plan_mod
+    from tfplan import profile as profile_mod
+    from tfrun.data import load_corpus
+    from tfrun.runtime import check_torch
+
+    check_torch()
+    plan = plan_mod.load(plan_path)
+    sched = plan.schedule
+    m = sched.num_microbatches
+    if global_batch is not None:
+        if global_batch % m:
+            raise TfrunError(
+                f"--global-batch {global_batch} is not divisible into the plan's {m} micro-batches; "
+                f"use a multiple of {m}"
+            )
+        microbatch_size = global_batch // m
+    freeze = options.get("freeze", "plan")
+    dag = plan.dag
+    ratios = {str(a): r for a, r in zip(dag.actions, plan.ratios) if r > 0}
+    predicted = plan.predicted.planned_ms if freeze == "plan" else plan.predicted.no_freeze_ms
+    base = profile_mod.Profile(name=plan.profile_name, source={"kind": "plan"}, p2p_ms=dag.p2p_ms,
+                               step_overhead_ms=dag.step_overhead_ms, stages=dag.stage_costs)
+    config = TrainConfig(
+        order=[[str(a) for a in row] for row in sched.order],
+        num_stages=sched.num_stages,
+        num_microbatches=m,
+        stage_to_rank=list(sched.stage_to_rank),
+        schedule_name=sched.name,
+        ratios=ratios,
+        predicted_step_ms=predicted,
+        plan_path=str(plan_path),
+        plan_profile=base.to_dict(),
+        microbatch_size=microbatch_size,
+        **options,
+    )
+    config.check()
+    load_corpus(config.data_path)  # fail before launching if --data is missing or too short
+    if config.resume and not (Path(config.out_dir) / "checkpoints" / "latest.json").exists():
+        raise TfrunError(f"--resume {config.out_dir}: no checkpoint there (checkpoints/latest.json missing)")
+    return config
+
+
+def out_path(config: TrainConfig) -> Path:
+    return Path(config.out_dir)
+
+
+def print_summary(summary: dict, console: Console) -> None:
+    """The run's headline numbers for people."""
+    table = Table(title=f"{summary['schedule']}, model {summary['model']}, freeze {summary['freeze']}",
+                  title_justify="left", show_edge=False)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    pred = summary.get("predicted_step_ms")
+    rows = [
+        ("step time (median)", f"{summary['step_time_ms']:.1f} ms"),
+        ("predicted step time", f"{pred:.1f} ms" if pred else "-"),
+        ("prediction error", f"{summary['prediction_error']:+.1%}" if summary.get("prediction_error") is not None
+         else "-"),
+        ("tokens/s (median)", f"{summary['tokens_per_s']:.0f}"),
+        ("final train loss", f"{summary['final_train_loss']:.4f}"),
+        ("final eval loss", f"{summary['final_eval_loss']:.4f}" if summary.get("final_eval_loss") is not None
+         else "-"),
+        ("mean freeze ratio per stage", ", ".join(f"{r:.2f}" for r in summary["mean_freeze_ratio"])),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)

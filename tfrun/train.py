@@ -1,0 +1,200 @@
+"""The training loop of one rank: build its stages, run the planned schedule, measure, checkpoint, report.
+
+The loop owns the data, optimizer, metrics and checkpoints; everything about pipelining (stages, schedule
+runtime, per-action freezing and timing) comes from tfrun.runtime. Run through `tfrun train`, which
+launches the ranks (or joins an external torchrun).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tfrun import checkpoint, measure
+from tfrun.config import TrainConfig
+from tfrun.data import Batches, encode, eval_batches, load_corpus, split_tokens
+from tfrun.errors import TfrunError
+from tfrun.freezing import Freezer, candidates
+from tfrun.model import MODELS, build_stage, loss_fn
+from tfrun.runtime import StepState, build_schedule, make_stage
+from tfrun.timing import ActionTimer, gather_records
+
+log = logging.getLogger(__name__)
+
+
+def planned_ratios(config: TrainConfig, local_stages: list[int]) -> dict[tuple[int, int], float]:
+    """(stage, mb) -> ratio of that micro-batch's freezable action (B or W) on this rank's stages."""
+    out = {}
+    for action in config.order[dist.get_rank() if dist.is_initialized() else 0]:
+        stage, kind, mb = _parse(action)
+        if stage in local_stages and kind in "BW":
+            ratio = {"plan": config.ratios.get(action, 0.0), "none": 0.0, "all": 1.0}[config.freeze]
+            if ratio > 0:
+                out[(stage, mb)] = ratio
+    return out
+
+
+def _parse(action: str) -> tuple[int, str, int]:
+    for i, ch in enumerate(action):
+        if ch in "FBIW":
+            return int(action[:i]), ch, int(action[i + 1 :])
+    raise TfrunError(f"not an action: {action!r}")
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def run(config: TrainConfig, fault_hook=None) -> dict | None:
+    """Train on this rank; returns the summary on rank 0 (None elsewhere). The process group is set up."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != config.num_ranks:
+        raise TfrunError(f"the plan needs {config.num_ranks} ranks but the job has {world}")
+    torch.set_num_threads(config.threads)
+    device = _device()
+    cfg = MODELS[config.model]
+    local = [s for s, r in enumerate(config.stage_to_rank) if r == rank]
+    modules = {s: build_stage(cfg, s, config.num_stages, config.seed, device=device) for s in local}
+    freezer = Freezer(
+        {s: candidates(m) for s, m in modules.items()},
+        planned_ratios(config, local),
+        seed=config.seed,
+        redraw_every=config.redraw_every,
+        ramp_steps=config.ramp_steps if config.freeze == "plan" else 0,
+    )
+    timer, state = ActionTimer(rank, device), StepState(freezing=config.freeze != "none")
+    stages = [
+        make_stage(modules[s], s, config.num_stages, device, group=None, freezer=freezer, timer=timer,
+                   state=state, method=config.freeze_method)
+        for s in local
+    ]
+    runtime = build_schedule(config.order, stages, config.num_microbatches, loss_fn, rank)
+    params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+
+    tokens = encode(load_corpus(config.data_path))
+    train_tokens, val_tokens = split_tokens(tokens)
+    batches = Batches(train_tokens, global_batch=config.global_batch, seq_len=config.seq_len, seed=config.seed)
+    evals = eval_batches(val_tokens, batch_size=config.global_batch, seq_len=config.seq_len,
+                         num_batches=config.eval_batches)
+    out = Path(config.out_dir)
+    has_first, has_last = 0 in local, config.num_stages - 1 in local
+    metrics: list[dict] = []
+    start = 0
+    if config.resume:
+        start, metrics = checkpoint.load(out, rank, modules, optimizer, batches)
+
+    def evaluate() -> float:
+        state.freezing, timer.enabled = False, False
+        total = 0.0
+        with torch.no_grad():
+            for x, y in evals:
+                losses: list = []
+                runtime.eval(*((x.to(device),) if has_first else ()),
+                             **({"target": y.to(device), "losses": losses} if has_last else {}))
+                total += float(sum(v.item() for v in losses)) / config.num_microbatches if has_last else 0.0
+        state.freezing = config.freeze != "none"
+        return _from_last_stage(total / len(evals), has_last, device)
+
+    progress = _Progress(rank == 0 and not config.quiet, config.steps, start)
+    for step in range(start, config.steps):
+        if fault_hook is not None:
+            fault_hook(step)
+        x, y = batches.batch_at(step)
+        state.begin(step)
+        losses: list = []
+        dist.barrier()
+        timer.enabled = step >= max(config.ramp_steps, config.timing_warmup_steps)
+        timer.begin_step(step)
+        t0 = time.perf_counter()
+        runtime.step(*((x.to(device),) if has_first else ()),
+                     **({"target": y.to(device), "losses": losses} if has_last else {}))
+        if config.grad_rescale:
+            _rescale(modules, state, config.num_microbatches)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        dist.barrier()
+        step_ms = (time.perf_counter() - t0) * 1e3
+        timer.end_step()
+        loss = _from_last_stage(sum(v.item() for v in losses) / config.num_microbatches if has_last else 0.0,
+                                has_last, device)
+        shares = _gather_shares(state, config.num_stages, config.num_microbatches)
+        row = {"step": step, "loss": loss, "step_time_ms": step_ms,
+               "tokens_per_s": config.global_batch * config.seq_len / (step_ms / 1e3),
+               "freeze_ratio": shares, "timed": timer.enabled}
+        last = step == config.steps - 1
+        if (config.eval_every and (step + 1) % config.eval_every == 0) or last:
+            row["eval_loss"] = evaluate()
+        metrics.append(row)
+        if rank == 0:
+            measure.write_metrics(out, metrics)
+        progress.update(row)
+        if (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0) or last:
+            checkpoint.save(out, rank, step + 1, modules, optimizer, batches, freezer, metrics)
+    progress.close()
+
+    records = gather_records(timer.records)
+    if rank != 0:
+        return None
+    summary = measure.summarize(config, metrics, records)
+    (out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
+    measure.write_outputs(out, config, summary, records)
+    return summary
+
+
+def _from_last_stage(value: float, has_last: bool, device: torch.device) -> float:
+    """Broadcast a float computed on the last stage's rank to every rank (float64)."""
+    t = torch.tensor([value if has_last else 0.0], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def _gather_shares(state: StepState, num_stages: int, m: int) -> list[float]:
+    """Realised mean frozen share per stage this step (all ranks), for metrics."""
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, dict(state.shares))
+    per_stage = [0.0] * num_stages
+    for part in parts:
+        for (stage, _), share in part.items():
+            per_stage[stage] += share / m
+    return per_stage
+
+
+def _rescale(modules: dict, state: StepState, m: int) -> None:
+    """--grad-rescale: gradient of a parameter = mean over the micro-batches that contributed to it."""
+    for s, module in modules.items():
+        for name, p in module.named_parameters():
+            frozen = state.frozen_counts.get(f"{s}:{name}", 0)
+            if p.grad is not None and 0 < frozen < m:
+                p.grad.mul_(m / (m - frozen))
+
+
+class _Progress:
+    """Rank 0's rich progress bar with loss and tokens/s; other ranks stay quiet."""
+
+    def __init__(self, enabled: bool, total: int, start: int) -> None:
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+            self.bar.start()
+            self.task = self.bar.add_task("train", total=total, completed=start, info="")
+
+    def update(self, row: dict) -> None:
+        if self.bar is not None:
+            info = f"loss {row['loss']:.4f}  {row['tokens_per_s']:.0f} tok/s"
+            if "eval_loss" in row:
+                info += f"  eval {row['eval_loss']:.4f}"
+            self.bar.update(self.task, advance=1, info=info)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
