@@ -438,6 +438,93 @@ def whatif_cmd(
                 console.print(f"{what} written to {path}")
 
 
+@app.command("profile")
+def profile_cmd(
+    output: Annotated[str, typer.Option("--output", "-o", help="Profile JSON to write.")],
+    model: Annotated[str, typer.Option("--model", help="Model: llama3.2-1b/3b, llama3.1-8b/70b (analytic); "
+                                                      "tiny, small, ... (measured).")] = "tiny",
+    stages: Annotated[int, typer.Option("--stages", help="Pipeline stages, one per rank (the paper's sense).",
+                                        min=1)] = 2,
+    stages_per_rank: Annotated[int, typer.Option("--stages-per-rank", help="Model chunks per rank V; the "
+                                                 "profile holds stages x V chunks.", min=1)] = 1,
+    analytic: Annotated[bool, typer.Option("--analytic", help="Cost model (no GPU needed) instead of measuring.")]
+    = False,
+    gpu: Annotated[str, typer.Option("--gpu", help="Analytic: a100, h100, h200.")] = "h200",
+    microbatch_size: Annotated[int, typer.Option("--microbatch-size", help="Sequences per micro-batch.", min=1)] = 4,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.", min=1)] = 128,
+    mfu: Annotated[float | None, typer.Option("--mfu", help="Analytic: achieved fraction of peak bf16 FLOP/s.")]
+    = None,
+    link: Annotated[str, typer.Option("--link", help="Analytic: nvlink, pcie or ib between ranks.")] = "nvlink",
+    layers_per_stage: LayersPerStageOpt = None,
+    per_layer: Annotated[bool, typer.Option("--per-layer", help="Analytic: write the per-layer profile "
+                                            "(split into stages at planning time).")] = False,
+    microbatches: Annotated[int, typer.Option("--microbatches", "-m", help="Measured: micro-batches per step.",
+                                              min=1)] = 8,
+    schedule: Annotated[str, typer.Option("--schedule", help="Measured: full-backward schedule to time.")] = "1f1b",
+    steps: Annotated[int, typer.Option("--steps", help="Measured: steps per measuring run.", min=3)] = 8,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a profile: measured inside the pipeline by tfrun (needs torch), or --analytic from a cost model.
+
+    Examples:
+      tfplan profile --model tiny --stages 2 --microbatches 8 --output profile.json
+      tfplan profile --analytic --model llama3-8b --gpu h200 --stages 4 --microbatch-size 1 --seq-len 2048 -o p.json
+    """
+    from tfplan import profile as profile_mod
+
+    with user_errors():
+        if analytic:
+            from tfplan import costmodel
+
+            kwargs = {"mfu": mfu} if mfu is not None else {}
+            prof = costmodel.analytic_profile(model, gpu, microbatch_size, seq_len, link=link, **kwargs)
+            if not per_layer:
+                prof = profile_mod.split_profile(prof, stages * stages_per_rank,
+                                                 parse_int_list(layers_per_stage, "--layers-per-stage"))
+            write_json_atomic(output, prof.to_dict())
+        else:
+            prof = _measure_profile(output, model, stages, stages_per_rank, microbatches, schedule, steps,
+                                    microbatch_size, seq_len)
+        if as_json:
+            print(json.dumps(prof.to_dict()))
+            return
+        from rich.table import Table
+
+        rows = prof.stages if prof.stages is not None else prof.layers
+        table = Table(title=f"profile {prof.name} ({prof.source.get('kind')}), p2p {prof.p2p_ms:.4g} ms, "
+                      f"overhead {prof.step_overhead_ms:.4g} ms", title_justify="left", show_edge=False)
+        for col in ("stage" if prof.stages is not None else "layer", "F", "B", "B frozen", "I", "W", "W frozen"):
+            table.add_column(col, justify="right")
+        for i, c in enumerate(rows):
+            table.add_row(c.name or str(i), *(f"{getattr(c, f):.3f}" for f in profile_mod.COST_FIELDS))
+        console = out()
+        console.print(table)
+        console.print(f"profile written to {output} (times in ms per micro-batch)")
+
+
+def _measure_profile(output, model, stages, stages_per_rank, microbatches, schedule, steps, microbatch_size,
+                     seq_len):
+    """Run tfrun's measuring job in a subprocess (tfplan itself never imports torch)."""
+    import importlib.util
+    import subprocess
+
+    from tfplan import profile as profile_mod
+
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("tfrun") is None:
+        raise TfplanError("measuring a profile runs the tfrun executor, which needs torch: "
+                          "pip install 'timelyfreeze[run]' (or use --analytic for a cost-model profile)")
+    cmd = [sys.executable, "-m", "tfrun", "profile", "--model", model, "--stages", str(stages),
+           "--stages-per-rank", str(stages_per_rank), "--microbatches", str(microbatches), "--schedule", schedule,
+           "--steps", str(steps), "--microbatch-size", str(microbatch_size), "--seq-len", str(seq_len),
+           "--output", output]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        detail = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "no output")
+        raise TfplanError(f"measuring failed: {detail.removeprefix('error: ')}")
+    return profile_mod.load(output)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -116,6 +116,21 @@ class Profile:
         return partition_layers(self.layers, num_stages, counts)
 
 
+def split_profile(profile: Profile, num_stages: int, layers_per_stage: Sequence[int] | None = None) -> Profile:
+    """A per-layer profile as a per-stage one (stage costs from `stage_costs`), recording the split."""
+    if profile.layers is None:
+        raise TfplanError(f"profile {profile.name!r} is already per stage")
+    stages = profile.stage_costs(num_stages, layers_per_stage)
+    split = [s.name for s in stages]
+    return Profile(
+        name=f"{profile.name}-{num_stages}stages",
+        source=profile.source | {"split": split, "split_rule": "given" if layers_per_stage else "balanced by time"},
+        p2p_ms=profile.p2p_ms,
+        step_overhead_ms=profile.step_overhead_ms,
+        stages=stages,
+    )
+
+
 def _check_split(counts: Sequence[int], num_stages: int, num_layers: int) -> list[int]:
     if len(counts) != num_stages:
         raise TfplanError(f"--layers-per-stage gives {len(counts)} stages but the schedule has {num_stages}")

@@ -200,7 +200,7 @@ def _ratio_cell(r: float, cell: int) -> tuple[str, str]:
     """A ratio as a `cell`-wide label (" .65", " 1.0", " -- ") and its background shade."""
     if r <= 0:
         return " --".rjust(cell), "dim"
-    label = " 1.0" if r >= 1 else f"{r:.2f}"[1:]
+    label = " 1.0" if r >= 0.995 else f"{r:.2f}"[1:]  # .995 would print as "1.00"
     shade = _SHADES[min(len(_SHADES) - 1, round(r * (len(_SHADES) - 1)))]
     return label.rjust(cell), f"black on {shade}"
 

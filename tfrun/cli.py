@@ -49,7 +49,7 @@ def train_cmd(
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 30,
     seed: Annotated[int, typer.Option("--seed", help="Initialisation, data and freeze-selection seed.")] = 0,
     out: Annotated[str, typer.Option("--out", help="Output folder.")] = "runs/latest",
-    freeze: Annotated[str, typer.Option("--freeze", help="plan: apply the plan; none: the unfrozen baseline.")] = "plan",
+    freeze: Annotated[str, typer.Option("--freeze", help="plan: apply the plan; none: unfrozen baseline.")] = "plan",
     freeze_method: Annotated[
         str, typer.Option("--freeze-method", help="detach (forward with frozen weights detached) or grad.")
     ] = "detach",
@@ -100,7 +100,10 @@ def train_cmd(
 @app.command("profile")
 def profile_cmd(
     model: Annotated[str, typer.Option("--model", help="Model size (tfrun.model.MODELS).")] = "tiny",
-    stages: Annotated[int, typer.Option("--stages", help="Pipeline stages (= ranks x stages per rank).")] = 2,
+    stages: Annotated[
+        int, typer.Option("--stages", help="Pipeline stages in the paper's sense, one per rank; the profile holds "
+                                             "stages x stages-per-rank model chunks.")
+    ] = 2,
     microbatches: Annotated[int, typer.Option("--microbatches", "-m", help="Micro-batches per step.")] = 8,
     schedule: Annotated[str, typer.Option("--schedule", help="Full-backward schedule timed for F/B.")] = "1f1b",
     stages_per_rank: Annotated[int, typer.Option("--stages-per-rank", help="Stages per rank V.")] = 1,
@@ -120,7 +123,7 @@ def profile_cmd(
 
     with user_errors():
         prof = profiling.measure(
-            model=model, num_stages=stages, num_microbatches=microbatches, schedule=schedule,
+            model=model, num_ranks=stages, num_microbatches=microbatches, schedule=schedule,
             stages_per_rank=stages_per_rank, steps=steps, microbatch_size=microbatch_size, seq_len=seq_len,
             threads=threads, seed=seed, work_dir=work_dir,
         )

@@ -89,6 +89,8 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], step_time_m
                 row[hi] = frozen[(s, kind)]
                 got.append(hi)
         for hi, lo in (("backward_ms", "backward_frozen_ms"), ("backward_weight_ms", "backward_weight_frozen_ms")):
+            if lo in got and hi not in got and b is None:
+                row[hi] = row[lo]  # keep the file valid (frozen <= unfrozen); source says what was measured
             row[lo] = min(row[lo], row[hi])
         rows.append(profile_mod.StageCost(**row))
         measured[str(s)] = got
