@@ -48,7 +48,7 @@ def user_errors() -> Iterator[None]:
     except TfplanError as exc:
         first, _, rest = str(exc).partition("\n")
         err = Console(stderr=True, highlight=False, soft_wrap=True)
-        err.print(f"[bold red]error:[/] {first}", markup=True)
+        err.print(Text.assemble(("error:", "bold red"), " ", first))  # Text: brackets in messages are literal
         if rest:
             err.print(rest, markup=False)
         raise typer.Exit(1) from None

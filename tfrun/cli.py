@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from tfplan.errors import TfplanError
 from tfrun.errors import TfrunError
@@ -36,7 +37,7 @@ def user_errors() -> Iterator[None]:
     except (TfrunError, TfplanError) as exc:
         first, _, rest = str(exc).partition("\n")
         err = Console(stderr=True, highlight=False, soft_wrap=True)
-        err.print(f"[bold red]error:[/] {first}", markup=True)
+        err.print(Text.assemble(("error:", "bold red"), " ", first))  # Text: brackets in messages are literal
         if rest:
             err.print(rest, markup=False)
         raise typer.Exit(1) from None

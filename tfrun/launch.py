@@ -50,18 +50,18 @@ def launch(config: TrainConfig, *, quiet_launcher: bool = True) -> None:
 
 
 def failure_message(out: Path, log: str) -> str:
-    """One line naming each failed rank: its own error if it left one, else how it died."""
-    parts = []
-    reported = set()
-    for path in sorted((out / "errors").glob("rank*.txt")):
-        rank = int(path.stem[4:])
-        reported.add(rank)
-        parts.append(f"rank {rank} failed: {path.read_text().splitlines()[0]}")
+    """One line naming the failed ranks: the ones that died without a word first (the usual root cause),
+    then the ones that reported an error (often just the lost connection to a dead peer)."""
+    errors = {int(p.stem[4:]): p.read_text().splitlines()[0] for p in (out / "errors").glob("rank*.txt")}
+    died = []
     for rank, code in re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\)\s*\n\s*exitcode\s*:\s*(-?\d+)", log):
-        if int(rank) not in reported:
-            reported.add(int(rank))
+        if int(rank) not in errors and int(rank) not in (r for r, _ in died):
             how = f"was killed by signal {-int(code)}" if int(code) < 0 else f"died with exit code {code}"
-            parts.append(f"rank {rank} {how}")
+            died.append((int(rank), f"rank {rank} {how}"))
+    parts = [text for _, text in sorted(died)]
+    for rank, error in sorted(errors.items()):
+        short = error if len(error) <= 200 else error[:197] + "..."
+        parts.append(f"rank {rank} {'then ' if died else ''}failed: {short}")
     if not parts:
-        parts.append(f"the job failed; see {out / 'launcher.log'}")
+        parts.append("the job failed")
     return "; ".join(parts) + f" (log: {out / 'launcher.log'})"
