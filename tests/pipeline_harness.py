@@ -64,7 +64,7 @@ def worker(rank: int, world: int, port: int, cases: list[tuple], out_dir: str) -
             runtime.step(*((x,) if has_first else ()), **({"target": y, "losses": losses} if has_last else {}))
             grads = {n: p_.grad.clone() if p_.grad is not None else None
                      for mod in modules.values() for n, p_ in mod.named_parameters()}
-            torch.save({"grads": grads, "losses": [float(v_) for v_ in losses], "shares": dict(state.shares)},
+            torch.save({"grads": grads, "losses": [float(v_.detach()) for v_ in losses], "shares": dict(state.shares)},
                        Path(out_dir) / f"case{i}-rank{rank}.pt")
             dist.barrier()
     except Exception:
@@ -92,7 +92,7 @@ def reference(name: str, p: int, v: int, m: int, pattern: str) -> tuple[dict, li
     for mb in range(m):
         full.zero_grad(set_to_none=True)
         loss = loss_fn(full(xs[mb]), ys[mb])
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         (loss / m).backward()
         for n, t in full.named_parameters():
             frozen = pattern != "none" and n in freezer.selection(0, owner[n], mb).names
