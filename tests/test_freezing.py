@@ -47,7 +47,7 @@ def _freezer(**kw):
 
 def test_stage_zero_freezes_a_prefix_other_stages_a_random_subset():
     f = _freezer()
-    assert Freezer.policy(0) == PREFIX and Freezer.policy(1) == RANDOM
+    assert f.policy(0) == PREFIX and f.policy(1) == RANDOM
     assert f.selection(0, 0, 0).names == frozenset(f"p{i}" for i in range(5))
     chosen = [f.selection(0, 1, m).names for m in range(4)]
     assert all(len(c) == 5 for c in chosen)

@@ -54,6 +54,9 @@ def train_cmd(
     freeze_method: Annotated[
         str, typer.Option("--freeze-method", help="detach (forward with frozen weights detached) or grad.")
     ] = "detach",
+    freeze_policy: Annotated[
+        str, typer.Option("--freeze-policy", help="auto (prefix on stage 0, random elsewhere), prefix or random.")
+    ] = "auto",
     ramp_steps: Annotated[int, typer.Option("--ramp-steps", help="Ramp ratios from 0 over K steps.")] = 0,
     redraw_every: Annotated[int, typer.Option("--redraw-every", help="Re-draw random frozen sets every K.")] = 10,
     grad_rescale: Annotated[
@@ -84,7 +87,7 @@ def train_cmd(
     with user_errors():
         config = setup.train_config(
             plan_path=plan, model=model, steps=steps, seed=seed, out_dir=resume or out, freeze=freeze,
-            freeze_method=freeze_method, ramp_steps=ramp_steps, redraw_every=redraw_every,
+            freeze_method=freeze_method, freeze_policy=freeze_policy, ramp_steps=ramp_steps, redraw_every=redraw_every,
             grad_rescale=grad_rescale, microbatch_size=microbatch_size, global_batch=global_batch,
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet,

@@ -42,6 +42,8 @@ class TrainConfig:
     """plan: apply the ratios; none: freeze nothing (the baseline); all: freeze everything (profiling)."""
     freeze_method: str = "detach"
     """detach or grad (tfrun.runtime Note [freeze methods])."""
+    freeze_policy: str = "auto"
+    """auto (prefix on stage 0, random elsewhere: tfrun.freezing Note [freeze policy]), prefix or random."""
     model: str = "tiny"
     """Named model size (tfrun.model.MODELS)."""
     steps: int = 30
@@ -115,6 +117,8 @@ class TrainConfig:
 
         if self.freeze not in FREEZE_MODES:
             raise TfrunError(f"--freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}")
+        if self.freeze_policy not in ("auto", "prefix", "random"):
+            raise TfrunError(f"--freeze-policy must be auto, prefix or random, got {self.freeze_policy!r}")
         if self.freeze_method not in ("detach", "grad"):
             raise TfrunError(f"--freeze-method must be detach or grad, got {self.freeze_method!r}")
         if self.model not in MODELS:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-PREFIX, RANDOM = "prefix", "random"
+PREFIX, RANDOM, AUTO = "prefix", "random", "auto"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,6 +88,7 @@ class Freezer:
         seed: selection seed (the same on every data-parallel replica).
         redraw_every: steps between random re-draws (>= 1).
         ramp_steps: ratios ramp linearly from 0 to the plan over this many steps (0 = from the first step).
+        policy: auto (Note [freeze policy]), or prefix / random on every stage (for measurements).
     """
 
     def __init__(
@@ -98,8 +99,10 @@ class Freezer:
         seed: int,
         redraw_every: int = 10,
         ramp_steps: int = 0,
+        policy: str = AUTO,
     ) -> None:
-        assert redraw_every >= 1 and ramp_steps >= 0
+        assert redraw_every >= 1 and ramp_steps >= 0 and policy in (AUTO, PREFIX, RANDOM)
+        self._policy = policy
         self.stage_candidates = stage_candidates
         self.ratios = ratios
         self.seed = seed
@@ -108,9 +111,10 @@ class Freezer:
         self._cache: dict[tuple[int, int], Selection] = {}
         self._cache_key: tuple[int, float] | None = None
 
-    @staticmethod
-    def policy(stage: int) -> str:
+    def policy(self, stage: int) -> str:
         """Note [freeze policy]."""
+        if self._policy != AUTO:
+            return self._policy
         return PREFIX if stage == 0 else RANDOM
 
     def ramp(self, step: int) -> float:
@@ -139,4 +143,5 @@ class Freezer:
 
     def state_dict(self) -> dict:
         """Selection depends only on (seed, step, stage, mb): the seed is the whole RNG state."""
-        return {"seed": self.seed, "redraw_every": self.redraw_every, "ramp_steps": self.ramp_steps}
+        return {"seed": self.seed, "redraw_every": self.redraw_every, "ramp_steps": self.ramp_steps,
+                "policy": self._policy}

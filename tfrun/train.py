@@ -67,6 +67,7 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         seed=config.seed,
         redraw_every=config.redraw_every,
         ramp_steps=config.ramp_steps if config.freeze == "plan" else 0,
+        policy=config.freeze_policy,
     )
     timer, state = ActionTimer(rank, device), StepState(freezing=config.freeze != "none")
     stages = [
