@@ -91,7 +91,8 @@ def main() -> None:
     steps = 8 if args.quick else 20
     pairs = 1 if args.quick else args.pairs
     root = Path(args.out or tempfile.mkdtemp(prefix="speedup-"))
-    from tfplan import job, plan as plan_mod
+    from tfplan import job
+    from tfplan import plan as plan_mod
     from tfplan.fileio import write_json_atomic
     from tfrun import profiling
 
