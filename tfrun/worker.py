@@ -46,6 +46,7 @@ def run_worker(config: TrainConfig) -> int:
         errors.mkdir(parents=True, exist_ok=True)
         line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
         (errors / f"rank{rank}.txt").write_text(line + "\n\n" + traceback.format_exc())
+        print(f"error: rank {rank}: {line}", file=sys.stderr, flush=True)  # torchrun shows it; our launcher logs it
         return 1
     finally:
         if dist.is_initialized():
