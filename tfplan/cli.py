@@ -88,9 +88,12 @@ def parse_int_list(text: str | None, option: str) -> list[int] | None:
     if text is None:
         return None
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise TfplanError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise TfplanError(f"{option}: expected comma-separated integers, got an empty list")
+    return values
 
 
 def job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage) -> JobSpec:
@@ -411,8 +414,13 @@ def whatif_cmd(
             schedules.get_spec(name)
         counts = _split(microbatches, "--microbatches", int)
         cap_values = _split(caps, "--caps", float)
+        sweep_mod.check_caps_list(cap_values)
+        from tfplan.profile import load
+
+        load(profile)  # fail on a bad profile before the progress bar appears
         total = len(names) * len(counts) * len(cap_values)
-        with Progress(console=Console(stderr=True), transient=True, disable=as_json) as progress:
+        live = not as_json and sys.stderr.isatty()
+        with Progress(console=Console(stderr=True), transient=True, disable=not live) as progress:
             task = progress.add_task("solving", total=total)
             rows = sweep_mod.sweep(
                 profile,

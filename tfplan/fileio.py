@@ -32,9 +32,16 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     except OSError as exc:
         raise TfplanError(f"cannot write {path}: {exc.strerror}") from None
     try:
+        # mkstemp creates the file 0600; give it the mode a plain open() would (0666 less the umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise TfplanError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

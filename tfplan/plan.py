@@ -202,8 +202,14 @@ def write(plan: Plan, path: str | Path) -> Path:
     """Write plan JSON and the schedule CSV next to it (same name, .csv); returns the CSV path."""
     path = Path(path)
     csv_path = path.with_suffix(".csv")
-    write_text_atomic(csv_path, schedules.to_csv(plan.schedule))
+    if csv_path == path:
+        raise TfplanError(f"plan path {path} must not end in .csv (the schedule CSV goes beside it)")
     write_json_atomic(path, to_dict(plan))
+    try:
+        write_text_atomic(csv_path, schedules.to_csv(plan.schedule))
+    except TfplanError:
+        path.unlink(missing_ok=True)  # never leave a plan without its schedule CSV
+        raise
     return csv_path
 
 
@@ -228,7 +234,7 @@ def from_dict(obj: Any) -> Plan:
     """
     if not isinstance(obj, dict):
         raise TfplanError("plan: must be a JSON object")
-    if obj.get("schema_version") != SCHEMA_VERSION:
+    if type(obj.get("schema_version")) is not int or obj["schema_version"] != SCHEMA_VERSION:
         raise TfplanError(f"schema_version: must be {SCHEMA_VERSION}, got {json.dumps(obj.get('schema_version'))}")
     sched_obj = _require(obj, "schedule", dict, "")
     order_obj = _require(sched_obj, "order", list, "schedule.")

@@ -245,7 +245,7 @@ def from_dict(obj: Any) -> Profile:
     """Validate a parsed profile JSON object; every error names the field path."""
     top = {"schema_version", "name", "p2p_ms"}
     _check_keys(obj, "", top, {"source", "stages", "layers", "step_overhead_ms"})
-    if obj["schema_version"] != SCHEMA_VERSION:
+    if type(obj["schema_version"]) is not int or obj["schema_version"] != SCHEMA_VERSION:
         raise TfplanError(f"schema_version: must be {SCHEMA_VERSION}, got {json.dumps(obj['schema_version'])}")
     if not isinstance(obj["name"], str) or not obj["name"]:
         raise TfplanError("name: must be a non-empty string")

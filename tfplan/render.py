@@ -21,6 +21,7 @@ KIND_STYLE = {
     "W": "white on magenta",
 }
 KIND_NAME = {"F": "forward", "B": "full backward", "I": "input-grad backward", "W": "weight-grad backward"}
+MAX_PANELS = 40  # --gantt windows at most
 IDLE = "\u00b7"  # middle dot; the only non-ASCII glyph we print (rich renders it everywhere)
 
 
@@ -63,6 +64,9 @@ def _label(dag: Dag, node: int, width: int) -> str:
     for label in labels:
         if len(label) < width:
             return (" " + label).ljust(width)
+    for label in labels:
+        if len(label) == width:
+            return label  # no room for the blank; the colour still separates the blocks
     return a.kind.ljust(width)
 
 
@@ -121,7 +125,8 @@ def gantt_panels(dag: Dag, sim: Simulation, width: int, min_cols_per_action: int
     `min_cols_per_action` columns (its full label) at any step size."""
     shortest = min((d for d in (e - s for s, e in zip(sim.start_ms, sim.end_ms)) if d > 0), default=1.0)
     cols = max(10, width - 8)
-    window = max(shortest * cols / min_cols_per_action, 1e-12)
+    # At most MAX_PANELS windows: an action far shorter than the rest only gets its kind letter.
+    window = max(shortest * cols / min_cols_per_action, sim.makespan_ms / MAX_PANELS, 1e-12)
     panels, t = [], 0.0
     while t < sim.makespan_ms - 1e-12:
         panels.append(timeline(dag, sim, width, span=(t, min(sim.makespan_ms, t + window))))
@@ -233,39 +238,28 @@ def heat_map(plan, width: int) -> Text:
     return out
 
 
-def sweep_table(rows, title: str) -> Table:
-    """The what-if sweep: one line per (schedule, micro-batches, cap)."""
+def sweep_table(rows, title: str):
+    """The what-if sweep: one line per (schedule, micro-batches, cap); combinations a schedule cannot run
+    are listed under the table with the reason."""
+    from rich.console import Group
+
     table = Table(title=title, title_justify="left", show_edge=False)
-    cols = (
-        "schedule",
-        "M",
-        "cap",
-        "no-freeze ms",
-        "planned ms",
-        "speedup",
-        "bubbles before",
-        "after",
-        "mean ratio",
-        "uniform same mean",
-        "plan vs uniform",
-    )
+    cols = ("schedule", "M", "cap", "no-freeze ms", "planned ms", "speedup", "bubbles before", "after",
+            "mean ratio", "uniform same mean", "plan vs uniform")
     for col in cols:
-        table.add_column(col, justify="left" if col == "schedule" else "right")
+        table.add_column(col, justify="left" if col == "schedule" else "right", no_wrap=col == "schedule")
+    reasons: list[str] = []
     for r in rows:
         if r.skipped:
-            table.add_row(r.schedule, str(r.num_microbatches), f"{r.cap:g}", Text(f"n/a: {r.skipped}", style="dim"))
+            if r.skipped not in reasons:
+                reasons.append(r.skipped)
+            note = Text(f"n/a [{reasons.index(r.skipped) + 1}]", style="dim")
+            table.add_row(r.schedule, str(r.num_microbatches), f"{r.cap:g}", note)
             continue
         table.add_row(
-            r.schedule,
-            str(r.num_microbatches),
-            f"{r.cap:g}",
-            f"{r.no_freeze_ms:.3f}",
-            f"{r.planned_ms:.3f}",
-            Text(f"{r.speedup:.3f}x", style="bold"),
-            f"{r.bubble_before:.1%}",
-            f"{r.bubble_after:.1%}",
-            f"{r.mean_freeze_ratio:.3f}",
-            f"{r.uniform_speedup:.3f}x",
-            f"{r.uniform_ms / r.planned_ms:.3f}x",
+            r.schedule, str(r.num_microbatches), f"{r.cap:g}", f"{r.no_freeze_ms:.3f}", f"{r.planned_ms:.3f}",
+            Text(f"{r.speedup:.3f}x", style="bold"), f"{r.bubble_before:.1%}", f"{r.bubble_after:.1%}",
+            f"{r.mean_freeze_ratio:.3f}", f"{r.uniform_speedup:.3f}x", f"{r.uniform_ms / r.planned_ms:.3f}x",
         )
-    return table
+    notes = Text("".join(f"[{i}] {reason}\n" for i, reason in enumerate(reasons, start=1)), style="dim")
+    return Group(table, notes) if reasons else table

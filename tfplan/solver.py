@@ -34,6 +34,7 @@ from tfplan.dag import Dag
 from tfplan.errors import TfplanError
 
 REL_TOL = 1e-9  # phases 2-3 keep earlier optima within this relative tolerance
+GLOP_PARAMS = "primal_feasibility_tolerance: 1e-10"
 
 
 class UnreachableTarget(TfplanError):
@@ -182,6 +183,9 @@ class _GlopModel:
         for var, coef in objective:
             obj.SetCoefficient(var, coef)
         obj.SetMinimization()
+        # GLOP's default primal feasibility tolerance (1e-8, absolute) lets a re-simulated plan exceed the
+        # phase-1 makespan by more than REL_TOL on small instances; 1e-10 keeps it within (tests/test_solver).
+        self.solver.SetSolverSpecificParametersAsString(GLOP_PARAMS)
         start = time.perf_counter()
         status = self.solver.Solve()
         wall = time.perf_counter() - start

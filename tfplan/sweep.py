@@ -22,22 +22,22 @@ class SweepRow:
     schedule: str
     num_microbatches: int
     cap: float
-    num_ranks: int = 0
-    num_stages: int = 0
+    num_ranks: int | None = None
+    num_stages: int | None = None
     skipped: str = ""
-    """Why the combination cannot run (empty when it ran)."""
-    no_freeze_ms: float = float("nan")
-    planned_ms: float = float("nan")
-    speedup: float = float("nan")
-    bubble_before: float = float("nan")
-    bubble_after: float = float("nan")
-    mean_freeze_ratio: float = float("nan")
+    """Why the combination cannot run (empty when it ran; then every field below is None)."""
+    no_freeze_ms: float | None = None
+    planned_ms: float | None = None
+    speedup: float | None = None
+    bubble_before: float | None = None
+    bubble_after: float | None = None
+    mean_freeze_ratio: float | None = None
     """Mean planned ratio over all freezable actions."""
-    uniform_ms: float = float("nan")
+    uniform_ms: float | None = None
     """Every freezable action at `mean_freeze_ratio` (naive baseline)."""
-    uniform_speedup: float = float("nan")
-    all_frozen_ms: float = float("nan")
-    solve_s: float = float("nan")
+    uniform_speedup: float | None = None
+    all_frozen_ms: float | None = None
+    solve_s: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -59,8 +59,7 @@ def sweep(
         TfplanError: a bad profile, unknown schedule name or cap outside [0, 1] (before any solving).
     """
     profile = load(profile_path)
-    for c in caps:
-        solver.check_caps(c, 1)
+    check_caps_list(caps)
     rows = []
     for name in schedule_names:
         for m in microbatches:
@@ -111,6 +110,13 @@ def sweep(
                 if on_row:
                     on_row(row)
     return rows
+
+
+def check_caps_list(caps: Sequence[float]) -> None:
+    """Raises TfplanError naming --caps for a cap outside [0, 1]."""
+    for c in caps:
+        if not 0.0 <= c <= 1.0:
+            raise TfplanError(f"--caps: every cap must be in [0, 1], got {c:g}")
 
 
 def to_csv(rows: Sequence[SweepRow]) -> str:

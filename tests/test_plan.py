@@ -1,0 +1,310 @@
+"""Plan files: write -> load round trip (JSON + schedule CSV), predictions reproduced by the simulator,
+deterministic bytes, load errors naming the field."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import stat
+
+import pytest
+
+from tests.conftest import PROFILES
+from tfplan import dag as dag_mod
+from tfplan import plan as plan_mod
+from tfplan import profile, schedules, solver
+from tfplan.errors import TfplanError
+from tfplan.job import JobSpec, solve_job
+from tfplan.profile import Profile
+from tfplan.simulate import simulate
+
+HETERO = str(PROFILES / "toy-hetero-4.json")
+UNIFORM = str(PROFILES / "toy-uniform-4.json")
+
+
+def _plan(schedule: str = "1f1b", m: int = 8, caps=0.9, path: str = HETERO, **kw) -> plan_mod.Plan:
+    return solve_job(JobSpec(profile_path=path, schedule=schedule, num_microbatches=m, **kw), caps)
+
+
+@pytest.fixture(scope="module")
+def hetero_plan() -> plan_mod.Plan:
+    return _plan()
+
+
+@pytest.fixture
+def plan_obj(hetero_plan) -> dict:
+    return json.loads(json.dumps(plan_mod.to_dict(hetero_plan)))
+
+
+@pytest.mark.parametrize(("schedule", "m"), [("1f1b", 8), ("interleaved-zb", 6), ("zbv", 5), ("dualpipev", 4)])
+def test_write_load_round_trip(tmp_path, schedule: str, m: int) -> None:
+    plan = _plan(schedule, m, caps=0.7)
+    path = tmp_path / "plan.json"
+    csv_path = plan_mod.write(plan, path)
+    assert csv_path == tmp_path / "plan.csv"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.csv", "plan.json"]  # no temp files left
+    # The CSV beside it is the schedule in torch's compute-only format.
+    assert csv_path.read_text() == schedules.to_csv(plan.schedule)
+    assert schedules.parse_csv(csv_path.read_text()) == [list(r) for r in plan.schedule.order]
+
+    loaded = plan_mod.load(path)
+    assert loaded.schedule.order == plan.schedule.order
+    assert loaded.schedule.name == plan.schedule.name
+    assert loaded.schedule.stage_to_rank == plan.schedule.stage_to_rank
+    assert loaded.ratios == plan.ratios
+    assert loaded.caps == plan.caps
+    assert loaded.predicted == plan.predicted
+    assert loaded.profile_name == plan.profile_name and loaded.profile_hash == plan.profile_hash
+    assert loaded.profile_hash == profile.load(HETERO).content_hash()
+    assert loaded.dag.stage_costs == plan.dag.stage_costs
+    assert loaded.dag.p2p_ms == plan.dag.p2p_ms
+    assert loaded.solver == plan.solver
+
+
+def test_plan_json_contents(hetero_plan, plan_obj) -> None:
+    obj = plan_obj
+    assert obj["schema_version"] == 1
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", obj["created"])
+    sched = obj["schedule"]
+    assert (sched["name"], sched["num_ranks"], sched["num_stages"], sched["num_microbatches"]) == ("1f1b", 4, 4, 8)
+    assert sched["order"][3][:3] == ["3F0", "3B0", "3F1"]
+    assert obj["profile"]["name"] == "toy-hetero-4"
+    assert obj["profile"]["hash"].startswith("sha256:")
+    assert obj["max_freeze_ratio"] == [0.9] * 4
+    assert set(obj["predicted"]) >= {"no_freeze_ms", "planned_ms", "all_frozen_ms", "speedup"}
+    assert len(obj["actions"]) == hetero_plan.dag.num_nodes == 64
+    for item in obj["actions"]:
+        assert set(item) >= {"action", "rank", "freeze_ratio", "start_ms", "duration_ms"}
+        assert int(item["action"][0]) == item["rank"]  # 1F1B: stage s on rank s
+        if item["action"][1] in "FI":
+            assert item["freeze_ratio"] == 0.0
+    assert obj["solver"]["status"] == "OPTIMAL"
+    assert [p["name"] for p in obj["solver"]["phases"]] == ["makespan", "total_freeze", "even_spread"]
+    assert obj["solver"]["wall_s"] >= 0
+    # The stated per-stage mean is the mean of the listed ratios over each stage's freezable actions.
+    for s in range(4):
+        ratios = [a["freeze_ratio"] for a in obj["actions"] if a["action"].startswith(f"{s}B")]
+        assert obj["mean_freeze_ratio"][s] == pytest.approx(sum(ratios) / len(ratios), abs=1e-12)
+        assert obj["mean_freeze_ratio"][s] <= 0.9 + 1e-7
+
+
+def test_simulator_reproduces_planned_ms_from_the_file(hetero_plan, plan_obj) -> None:
+    dag = hetero_plan.dag
+    by_name = {a["action"]: a for a in plan_obj["actions"]}
+    durations = [by_name[str(a)]["duration_ms"] for a in dag.actions]
+    sim = simulate(dag, durations)
+    predicted = plan_obj["predicted"]
+    assert sim.batch_time_ms == pytest.approx(predicted["planned_ms"], rel=1e-9)
+    for v, a in enumerate(dag.actions):
+        item = by_name[str(a)]
+        assert sim.start_ms[v] == pytest.approx(item["start_ms"], rel=1e-9, abs=1e-12)
+        hi, lo = dag.d_max[v], dag.d_min[v]
+        assert item["duration_ms"] == pytest.approx(hi - item["freeze_ratio"] * (hi - lo), rel=1e-9, abs=1e-12)
+    # The plan's makespan is the LP's (within the solver's tolerances).
+    assert predicted["planned_ms"] == pytest.approx(plan_obj["solver"]["lp_makespan_ms"], rel=1e-8)
+
+
+def test_predictions(hetero_plan) -> None:
+    p = hetero_plan.predicted
+    dag = hetero_plan.dag
+    assert p.speedup == p.no_freeze_ms / p.planned_ms
+    assert p.to_dict()["speedup"] == p.no_freeze_ms / p.planned_ms
+    assert p.no_freeze_ms == simulate(dag).batch_time_ms
+    assert p.all_frozen_ms == simulate(dag, dag.d_min).batch_time_ms
+    assert p.planned_ms == simulate(dag, dag.durations(list(hetero_plan.ratios))).batch_time_ms
+    assert p.all_frozen_ms <= p.planned_ms <= p.no_freeze_ms
+    # Uniform baseline: every freezable action at the plan's overall mean ratio.
+    groups = [v for g in solver.freeze_groups(dag) for v in g]
+    mean = sum(hetero_plan.ratios[v] for v in groups) / len(groups)
+    assert p.uniform_ms == simulate(dag, dag.durations(mean)).batch_time_ms
+    assert p.planned_ms <= p.uniform_ms + 1e-9  # schedule awareness never loses to uniform freezing
+    assert p.no_freeze_bubble_fraction == simulate(dag).bubble_fraction
+
+
+def test_step_overhead_is_in_every_prediction(tmp_path) -> None:
+    base = profile.load(UNIFORM)
+    prof = Profile(name="o", p2p_ms=0.0, step_overhead_ms=5.0, stages=base.stages)
+    dag = dag_mod.build(schedules.generate("gpipe", 4, 8), prof)
+    plan = plan_mod.make_plan(dag, solver.solve(dag, 0.9), [0.9] * 4, prof)
+    p = plan.predicted
+    assert (p.no_freeze_ms, p.all_frozen_ms) == (38.0, 27.0)
+    assert p.planned_ms == pytest.approx(27.8, rel=1e-8)
+    assert p.speedup == pytest.approx(38.0 / 27.8, rel=1e-8)
+    plan_mod.write(plan, tmp_path / "p.json")
+    assert plan_mod.load(tmp_path / "p.json").predicted == p
+
+
+def _normalised(text: str) -> str:
+    """Plan text with the creation time and solver wall times blanked out."""
+    text = re.sub(r'"created": "[^"]*"', '"created": "-"', text)
+    return re.sub(r'"(wall_s|build_s)": [0-9.e+-]+', r'"\1": 0', text)
+
+
+def test_same_inputs_give_byte_identical_plans(tmp_path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    plan_mod.write(_plan("interleaved-1f1b", 4, caps=[0.9, 0.5, 0.7, 0.3]), a)
+    plan_mod.write(_plan("interleaved-1f1b", 4, caps=[0.9, 0.5, 0.7, 0.3]), b)
+    ta, tb = a.read_text(), b.read_text()
+    assert _normalised(ta) == _normalised(tb)
+    assert ta.count('"wall_s"') == 4  # three phases and the total: everything else is compared as is
+    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
+    assert ta.endswith("}\n")
+
+
+def test_plan_files_are_readable_like_any_written_file(tmp_path) -> None:
+    old = os.umask(0o022)
+    try:
+        plan_mod.write(_plan("gpipe", 2), tmp_path / "plan.json")
+    finally:
+        os.umask(old)
+    for name in ("plan.json", "plan.csv"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
+
+
+def test_failed_write_is_a_user_error_and_leaves_nothing(tmp_path) -> None:
+    (tmp_path / "plan.json").mkdir()
+    with pytest.raises(TfplanError):
+        plan_mod.write(_plan("gpipe", 2), tmp_path / "plan.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Load errors
+
+
+def _drop(obj: dict, key: str) -> dict:
+    obj = copy.deepcopy(obj)
+    del obj[key]
+    return obj
+
+
+def _edit(obj: dict, fn) -> dict:
+    obj = copy.deepcopy(obj)
+    fn(obj)
+    return obj
+
+
+def _freeze_all_of_stage_0(obj: dict) -> None:
+    for item in obj["actions"]:
+        if item["action"].startswith("0B"):
+            item["freeze_ratio"] = 1.0
+
+
+BAD_PLANS = [
+    ("missing schedule", lambda o: _drop(o, "schedule"), r"^schedule: missing required field"),
+    (
+        "missing order",
+        lambda o: _edit(o, lambda x: x["schedule"].pop("order")),
+        r"^schedule\.order: missing required field",
+    ),
+    (
+        "bad action string",
+        lambda o: _edit(o, lambda x: x["schedule"]["order"][1].__setitem__(2, "1X1")),
+        r"^schedule\.order: not a compute action .*'1X1'",
+    ),
+    (
+        "ratio above 1",
+        lambda o: _edit(o, lambda x: x["actions"][9].__setitem__("freeze_ratio", 1.5)),
+        r"^actions\[9\]\.freeze_ratio: must be in \[0, 1\], got 1\.5",
+    ),
+    (
+        "negative ratio",
+        lambda o: _edit(o, lambda x: x["actions"][3].__setitem__("freeze_ratio", -0.1)),
+        r"^actions\[3\]\.freeze_ratio: must be in \[0, 1\], got -0\.1",
+    ),
+    (
+        "ratio not a number",
+        lambda o: _edit(o, lambda x: x["actions"][2].__setitem__("freeze_ratio", "0.5")),
+        r"^actions\[2\]\.freeze_ratio: wrong type str",
+    ),
+    ("missing actions", lambda o: _drop(o, "actions"), r"^actions: missing required field"),
+    (
+        "an action left out",
+        lambda o: _edit(o, lambda x: x["actions"].pop(5)),
+        r"^actions: must list every scheduled action once \(missing \['\d[FB]\d'\]",
+    ),
+    (
+        "an action twice",
+        lambda o: _edit(o, lambda x: x["actions"].append(dict(x["actions"][0]))),
+        r"^actions\[64\]\.action: 0F0 listed twice",
+    ),
+    (
+        "action missing its name",
+        lambda o: _edit(o, lambda x: x["actions"][4].pop("action")),
+        r"^actions\[4\]\.action: missing required field",
+    ),
+    (
+        "mean above cap",
+        lambda o: _edit(o, _freeze_all_of_stage_0),
+        r"^mean_freeze_ratio: stage 0 freezes 1 on average, above its cap 0\.9",
+    ),
+    ("schema_version 2", lambda o: o | {"schema_version": 2}, r"^schema_version: must be 1, got 2"),
+    ("schema_version missing", lambda o: _drop(o, "schema_version"), r"^schema_version: must be 1, got null"),
+    (
+        "caps of the wrong length",
+        lambda o: o | {"max_freeze_ratio": [0.9, 0.9]},
+        r"^max_freeze_ratio: must list 4 caps in \[0, 1\]",
+    ),
+    (
+        "cap above 1",
+        lambda o: o | {"max_freeze_ratio": [0.9, 0.9, 1.1, 0.9]},
+        r"^max_freeze_ratio: must list 4 caps in \[0, 1\]",
+    ),
+    (
+        "num_ranks disagrees with order",
+        lambda o: _edit(o, lambda x: x["schedule"].__setitem__("num_ranks", 5)),
+        r"^schedule\.num_ranks: says 5 but the order has 4",
+    ),
+    (
+        "invalid order",
+        lambda o: _edit(o, lambda x: x["schedule"]["order"][0].reverse()),
+        r"^invalid schedule: ",
+    ),
+    (
+        "profile stage invalid",
+        lambda o: _edit(o, lambda x: x["profile"]["stages"][1].__setitem__("forward_ms", -1)),
+        r"^stages\[1\]\.forward_ms: must be >= 0",
+    ),
+    ("not an object", lambda o: [o], r"^plan: must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "message"), [b[1:] for b in BAD_PLANS], ids=[b[0] for b in BAD_PLANS])
+def test_load_errors_name_the_field(tmp_path, plan_obj, mutate, message: str) -> None:
+    bad = mutate(plan_obj)
+    with pytest.raises(TfplanError) as info:
+        plan_mod.from_dict(bad)
+    assert re.search(message, str(info.value).split("\n")[0]), str(info.value)
+    # Through a file, the message starts with the file's name.
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(TfplanError) as info:
+        plan_mod.load(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert re.search(message.lstrip("^"), str(info.value).split("\n")[0])
+
+
+def test_the_unmodified_object_loads(plan_obj, hetero_plan) -> None:
+    assert plan_mod.from_dict(plan_obj).ratios == hetero_plan.ratios
+
+
+def test_load_missing_file_and_invalid_json(tmp_path) -> None:
+    with pytest.raises(TfplanError, match="^plan not found: "):
+        plan_mod.load(tmp_path / "none.json")
+    path = tmp_path / "bad.json"
+    path.write_text('{"schema_version": 1,\n "schedule": }')
+    with pytest.raises(TfplanError, match=r"bad\.json: invalid JSON at line 2, column 14"):
+        plan_mod.load(path)
+
+
+def test_plan_schema_version_true_is_rejected(plan_obj) -> None:
+    with pytest.raises(TfplanError, match="^schema_version: must be 1"):
+        plan_mod.from_dict(plan_obj | {"schema_version": True})
+
+
+def test_ratios_of_fixed_actions_are_ignored_on_load(plan_obj) -> None:
+    plan_obj["actions"][0]["freeze_ratio"] = 0.5  # 0F0 cannot be frozen
+    loaded = plan_mod.from_dict(plan_obj)
+    assert loaded.ratios[0] == 0.0

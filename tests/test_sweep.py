@@ -1,0 +1,124 @@
+"""What-if sweeps: one row per combination, skipped rows with their reason, the uniform baseline at the plan's
+mean ratio, CSV and plot output."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+
+import pytest
+
+from tests.conftest import PROFILES
+from tfplan import dag as dag_mod
+from tfplan import profile, schedules, solver, sweep
+from tfplan.errors import TfplanError
+from tfplan.simulate import simulate
+
+UNIFORM = str(PROFILES / "toy-uniform-4.json")
+HETERO = str(PROFILES / "toy-hetero-4.json")
+NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "dualpipev"]
+MBS = [2, 3, 8]
+CAPS = [0.3, 0.9]
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[sweep.SweepRow]:
+    return sweep.sweep(HETERO, NAMES, MBS, CAPS)
+
+
+def test_one_row_per_combination_in_order(rows) -> None:
+    assert [(r.schedule, r.num_microbatches, r.cap) for r in rows] == [
+        (n, m, c) for n in NAMES for m in MBS for c in CAPS
+    ]
+
+
+def test_skipped_rows_carry_the_reason(rows) -> None:
+    skipped = {(r.schedule, r.num_microbatches): r.skipped for r in rows if r.skipped}
+    # toy-hetero-4 has 4 stages: 1f1b runs on 4 ranks (needs M >= 4); dualpipev on 2 ranks (needs M >= 4).
+    assert set(skipped) == {("1f1b", 2), ("1f1b", 3), ("dualpipev", 2), ("dualpipev", 3)}
+    assert skipped[("1f1b", 2)] == "schedule 1f1b needs at least as many micro-batches as ranks (4), got 2"
+    assert "dualpipev needs at least as many micro-batches as stages (4), got 3" in skipped[("dualpipev", 3)]
+    for r in rows:
+        if r.skipped:
+            assert "\n" not in r.skipped
+            assert r.planned_ms is None and r.speedup is None and r.num_ranks is None
+
+
+def test_rows_match_an_independent_solve(rows) -> None:
+    prof = profile.load(HETERO)
+    for r in rows:
+        if r.skipped:
+            continue
+        v = 2 if r.schedule in ("interleaved-1f1b", "dualpipev") else 1
+        sched = schedules.generate(r.schedule, 4 // v, r.num_microbatches, v)
+        assert (r.num_ranks, r.num_stages) == (sched.num_ranks, sched.num_stages)
+        dag = dag_mod.build(sched, prof)
+        sol = solver.solve(dag, r.cap)
+        none = simulate(dag)
+        planned = simulate(dag, sol.durations)
+        assert r.no_freeze_ms == none.batch_time_ms
+        assert r.planned_ms == pytest.approx(planned.batch_time_ms, rel=1e-12)
+        assert r.speedup == pytest.approx(none.batch_time_ms / planned.batch_time_ms, rel=1e-12)
+        assert r.bubble_before == none.bubble_fraction
+        assert r.bubble_after == pytest.approx(planned.bubble_fraction, rel=1e-9)
+        assert r.all_frozen_ms == simulate(dag, dag.d_min).batch_time_ms
+        # Uniform baseline: every freezable action at the plan's mean ratio.
+        nodes = [v for g in solver.freeze_groups(dag) for v in g]
+        mean = sum(sol.ratios[v] for v in nodes) / len(nodes)
+        assert r.mean_freeze_ratio == pytest.approx(mean, abs=1e-12)
+        assert r.mean_freeze_ratio <= r.cap + 1e-7
+        assert r.uniform_ms == pytest.approx(simulate(dag, dag.durations(r.mean_freeze_ratio)).batch_time_ms, rel=1e-12)
+        assert r.uniform_speedup == pytest.approx(r.no_freeze_ms / r.uniform_ms, rel=1e-12)
+        assert r.planned_ms <= r.uniform_ms * (1 + 1e-8)
+        assert r.solve_s >= 0
+
+
+def test_larger_cap_is_never_slower(rows) -> None:
+    by_key = {(r.schedule, r.num_microbatches, r.cap): r for r in rows if not r.skipped}
+    for (name, m, cap), r in by_key.items():
+        if cap == 0.3:
+            assert by_key[(name, m, 0.9)].planned_ms <= r.planned_ms * (1 + 1e-8)
+
+
+def test_on_row_is_called_once_per_row() -> None:
+    seen = []
+    rows = sweep.sweep(UNIFORM, ["1f1b", "gpipe"], [3, 4], [0.5], on_row=seen.append)
+    assert seen == rows and len(rows) == 4
+
+
+def test_unknown_schedule_and_bad_caps_fail_before_solving() -> None:
+    seen = []
+    with pytest.raises(TfplanError, match="unknown schedule 'nope'"):
+        sweep.sweep(UNIFORM, ["gpipe", "nope"], [4], [0.5])
+    with pytest.raises(TfplanError, match=r"must be in \[0, 1\], got 1\.5"):
+        sweep.sweep(UNIFORM, ["gpipe"], [4], [0.5, 1.5], on_row=seen.append)
+    assert seen == []
+    with pytest.raises(TfplanError, match="profile not found"):
+        sweep.sweep(str(PROFILES / "missing.json"), ["gpipe"], [4], [0.5])
+
+
+def test_csv_has_a_header_and_one_row_per_combination(rows) -> None:
+    text = sweep.to_csv(rows)
+    lines = text.splitlines()
+    header = [f.name for f in dataclasses.fields(sweep.SweepRow)]
+    assert lines[0].split(",") == header
+    assert len(lines) == 1 + len(NAMES) * len(MBS) * len(CAPS)
+    parsed = list(csv.DictReader(io.StringIO(text)))
+    assert [(p["schedule"], int(p["num_microbatches"]), float(p["cap"])) for p in parsed] == [
+        (r.schedule, r.num_microbatches, r.cap) for r in rows
+    ]
+    for p, r in zip(parsed, rows):
+        assert p["skipped"] == r.skipped
+        if not r.skipped:
+            assert float(p["planned_ms"]) == r.planned_ms  # full precision
+            assert float(p["uniform_ms"]) == r.uniform_ms
+
+
+def test_plot_writes_a_png(tmp_path, rows) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "sweep.png"
+    sweep.plot(rows, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep.png"]

@@ -1,0 +1,265 @@
+"""The DAG as numpy arrays, its LP rows, and the periodic structure that fastlp compresses.
+
+Part of tfplan.fastlp (the Note [periodic compression] there explains the method). Three steps:
+  GraphArrays.from_dag   the Dag's lists as flat numpy arrays (n = actions);
+  lp_rows                the precedence rows of the LP, the same set as solver.precedence_rows, vectorised;
+  find_ties              which actions repeat: node v "ties" to a representative rep[v] of the same
+                         (stage, kind), `off[v]` periods later, inside a run of repeating actions.
+Every array is indexed by node (action) unless named otherwise; times in ms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tfplan.dag import Dag
+
+KIND_CODE = {"F": 0, "B": 1, "I": 2, "W": 3}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GraphArrays:
+    """A Dag as flat arrays, plus its LP rows (Note [redundant rows] in tfplan.solver)."""
+
+    n: int
+    """Number of actions."""
+    cls: np.ndarray
+    """(n,) int: stage * 4 + kind code; actions of one class have the same durations."""
+    mb: np.ndarray
+    """(n,) int: micro-batch."""
+    stage: np.ndarray
+    """(n,) int: stage."""
+    rank: np.ndarray
+    """(n,) int: rank."""
+    pos: np.ndarray
+    """(n,) int: index of the action in its rank's list."""
+    preds: np.ndarray
+    """(3, n) int: the Dag's three predecessor slots (-1 = none)."""
+    lags: np.ndarray
+    """(3, n) float: lag of each predecessor slot (ms)."""
+    d_max: np.ndarray
+    """(n,) float: unfrozen duration (ms)."""
+    delta: np.ndarray
+    """(n,) float: d_max - d_min for actions in a freeze group (solver.freeze_groups), else 0 (ms)."""
+    frz: np.ndarray
+    """(n,) bool: the action is in its stage's freeze group (has a ratio variable)."""
+    row_u: np.ndarray
+    """(E,) int: tail of each precedence row t_v >= t_u + d_u + lag."""
+    row_v: np.ndarray
+    """(E,) int: head of each precedence row."""
+    row_lag: np.ndarray
+    """(E,) float: lag of each precedence row (ms)."""
+    sinks: np.ndarray
+    """Sorted node ids without successors (rows T >= t_u + d_u)."""
+
+    @classmethod
+    def from_dag(cls, dag: Dag) -> GraphArrays:
+        n = dag.num_nodes
+        if n:
+            stage_t, kind_t, mb_t = zip(*dag.actions)
+        else:
+            stage_t, kind_t, mb_t = (), (), ()
+        stage = np.asarray(stage_t, dtype=np.int64)
+        kind = np.asarray([KIND_CODE[k] for k in kind_t], dtype=np.int64)
+        mb = np.asarray(mb_t, dtype=np.int64)
+        rank = np.asarray(dag.rank, dtype=np.int64)
+        preds = np.asarray(dag.preds, dtype=np.int64).reshape(3, n)
+        lags = np.asarray(dag.lags, dtype=np.float64).reshape(3, n)
+        d_max = np.asarray(dag.d_max, dtype=np.float64)
+        d_min = np.asarray(dag.d_min, dtype=np.float64)
+        frz = np.asarray(dag.freezable, dtype=bool) & (d_max > d_min)  # = solver.freeze_groups
+        delta = np.where(frz, d_max - d_min, 0.0)
+        row_u, row_v, row_lag, sinks = _rows(n, rank, preds, lags)
+        return cls(
+            n=n, cls=stage * 4 + kind, mb=mb, stage=stage, rank=rank, pos=_positions(preds[0]),
+            preds=preds, lags=lags, d_max=d_max, delta=delta, frz=frz,
+            row_u=row_u, row_v=row_v, row_lag=row_lag, sinks=sinks,
+        )
+
+
+def _positions(prev: np.ndarray) -> np.ndarray:
+    """Index of each action in its rank's list, from the rank-chain slot (prev[v] = previous action or -1)."""
+    n = len(prev)
+    idx = np.arange(n)
+    if np.all((prev == -1) | (prev == idx - 1)):  # dag.build lists ranks one after another
+        first = np.maximum.accumulate(np.where(prev == -1, idx, 0))
+        return idx - first
+    pos = np.zeros(n, dtype=np.int64)
+    heads = np.flatnonzero(prev == -1)
+    nxt = np.full(n, -1)
+    nxt[prev[prev >= 0]] = np.flatnonzero(prev >= 0)
+    for h in heads.tolist():  # general layout: walk each chain
+        k, v = 0, h
+        while v >= 0:
+            pos[v] = k
+            k, v = k + 1, nxt[v]
+    return pos
+
+
+def _rows(n: int, rank: np.ndarray, preds: np.ndarray, lags: np.ndarray):
+    """Precedence rows and sinks, exactly as solver.precedence_rows (order aside)."""
+    us, vs, ls = [], [], []
+    has_succ = np.zeros(n, dtype=bool)
+    for k in range(3):
+        v = np.flatnonzero(preds[k] >= 0)
+        u = preds[k][v]
+        has_succ[u] = True
+        lag = lags[k][v]
+        if k == 2:  # same-stage edges on one rank with no lag are implied by the rank chain
+            keep = ~((lag == 0.0) & (rank[u] == rank[v]))
+            u, v, lag = u[keep], v[keep], lag[keep]
+        us.append(u)
+        vs.append(v)
+        ls.append(lag)
+    u, v, lag = np.concatenate(us), np.concatenate(vs), np.concatenate(ls)
+    key = u * max(n, 1) + v
+    order = np.lexsort((lag, key))  # by pair, largest lag last
+    key, u, v, lag = key[order], u[order], v[order], lag[order]
+    last = np.ones(len(key), dtype=bool)
+    last[:-1] = key[1:] != key[:-1]  # one row per pair, with its largest lag
+    return u[last], v[last], lag[last], np.flatnonzero(~has_succ)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ties:
+    """How actions repeat: the LP variables of a tied node are its representative's (Note [periodic compression]).
+
+    A tied node v (rep[v] != v) has r_v = r_rep and t_v = t_rep + off[v] * tau[run[v]]; an untied node
+    (rep[v] == v, off 0, run -1) keeps its own variables; a representative (rep[v] == v, run >= 0) heads a run.
+    """
+
+    rep: np.ndarray
+    """(n,) int: representative node."""
+    off: np.ndarray
+    """(n,) int: periods after the representative."""
+    run: np.ndarray
+    """(n,) int: run id (one tau variable each) or -1 for untied nodes."""
+    num_runs: int
+    """Number of runs."""
+    period_mb: int
+    """Micro-batches per period (0 when nothing repeats)."""
+
+    @property
+    def num_tied(self) -> int:
+        return int(np.count_nonzero(self.rep != np.arange(len(self.rep))))
+
+    @classmethod
+    def none(cls, n: int) -> Ties:
+        return cls(rep=np.arange(n), off=np.zeros(n, np.int64), run=np.full(n, -1), num_runs=0, period_mb=0)
+
+
+def _shift_ok(g: GraphArrays, q: int) -> tuple[np.ndarray, np.ndarray]:
+    """For every node v: w = the same (stage, kind) q micro-batches later (or -1), and whether v -> w is a
+    symmetry of v's incoming edges: each predecessor of w is the shifted predecessor of v, same lag."""
+    n = g.n
+    mbs = int(g.mb.max()) + 1 + q
+    index = np.full((int(g.cls.max()) + 1) * mbs, -1, dtype=np.int64)
+    index[g.cls * mbs + g.mb] = np.arange(n)
+    w = index[g.cls * mbs + g.mb + q]
+    ok = w >= 0
+    ws = np.where(ok, w, 0)
+    for k in range(3):
+        p, pw = g.preds[k], g.preds[k][ws]
+        both_none = (p < 0) & (pw < 0)
+        pp, ppw = np.maximum(p, 0), np.maximum(pw, 0)
+        same = (p >= 0) & (pw >= 0) & (g.cls[ppw] == g.cls[pp]) & (g.mb[ppw] == g.mb[pp] + q)
+        ok &= (both_none | same) & (g.lags[k][ws] == g.lags[k])
+    # Same number of actions per period on a rank (the rank runs the same pattern again).
+    step = np.where(ok, g.pos[ws] - g.pos, -1)
+    for r in np.unique(g.rank[ok]).tolist():
+        on = ok & (g.rank == r)
+        vals, counts = np.unique(step[on], return_counts=True)
+        ok[on] &= step[on] == vals[np.argmax(counts)]
+    return np.where(ok, w, -1), ok
+
+
+def find_ties(g: GraphArrays, margin: tuple[int, int], min_run: int = 4, growth: float = 0.0) -> Ties:
+    """Tie repeating actions into runs, leaving margin = (head, tail) periods untied at the ends of every run.
+
+    A run is a maximal chain v, w(v), w(w(v)), ... of same-(stage, kind) actions q micro-batches apart where
+    each step is a symmetry (_shift_ok). Among a few candidate periods q we keep the one that ties most
+    actions (the smallest on a tie).
+    """
+    n = g.n
+    best = Ties.none(n)
+    if n == 0:
+        return best
+    num_mb = int(g.mb.max()) + 1
+    num_ranks = int(g.rank.max()) + 1
+    for q in sorted({1, 2, 3, 4, num_ranks, 2 * num_ranks}):
+        if q >= num_mb:
+            continue
+        ties = _runs(g, q, margin, min_run, growth)
+        if ties.num_tied > best.num_tied:
+            best = ties
+    return best
+
+
+def _runs(g: GraphArrays, q: int, margin: tuple[int, int], min_run: int, growth: float) -> Ties:
+    n = g.n
+    w, ok = _shift_ok(g, q)
+    # Runs: maximal chains v -> w[v] -> ... along ok steps (w is one-to-one, micro-batches grow: no cycles).
+    reached = np.zeros(n, dtype=bool)
+    reached[w[ok]] = True
+    starts = np.flatnonzero(ok & ~reached)
+    run_of = np.full(n, -1, dtype=np.int64)
+    idx_of = np.full(n, -1, dtype=np.int64)
+    cur, live = starts.copy(), np.arange(len(starts))
+    k = 0
+    while len(live):  # lock-step over all runs: one period per pass
+        c = cur[live]
+        run_of[c], idx_of[c] = live, k
+        step = ok[c]
+        live = live[step]
+        cur[live] = w[c[step]]
+        k += 1
+    length = np.bincount(run_of[run_of >= 0], minlength=len(starts))
+    # Segments: within each run, untied ends, then pieces that grow geometrically towards the middle.
+    m_head, m_tail = margin
+    nseg = 0
+    in_run = np.flatnonzero(run_of >= 0)
+    bounds_cache: dict[int, list[int]] = {}
+    seg_id_of_run = []
+    for L in length.tolist():
+        if L not in bounds_cache:
+            bounds_cache[L] = _segments(L, m_head, m_tail, growth, min_run)
+        seg_id_of_run.append(bounds_cache[L])
+    # Map (run, index) -> segment via per-length tables.
+    rep = np.arange(n)
+    off = np.zeros(n, dtype=np.int64)
+    run = np.full(n, -1, dtype=np.int64)
+    ri, ii = run_of[in_run], idx_of[in_run]
+    order = np.lexsort((ii, ri))
+    nodes_sorted = in_run[order]
+    start_of_run = np.concatenate([[0], np.cumsum(length)])
+    for r, cuts in enumerate(seg_id_of_run):
+        base = start_of_run[r]
+        for a, b in cuts:  # tie nodes a..b-1 of run r to node a
+            seg = nodes_sorted[base + a: base + b]
+            rep[seg] = seg[0]
+            off[seg] = np.arange(b - a)
+            run[seg] = nseg
+            nseg += 1
+    return Ties(rep=rep, off=off, run=run, num_runs=nseg, period_mb=q)
+
+
+def _segments(length: int, m_head: int, m_tail: int, growth: float, min_run: int) -> list[tuple[int, int]]:
+    """Tied pieces [a, b) of a run of `length` periods: m_head and m_tail untied periods at the ends, then
+    pieces of 1, growth, growth^2, ... periods from each end inwards, one long piece in the middle."""
+    lo, hi = m_head, length - m_tail
+    if hi - lo < min_run:
+        return []
+    if growth <= 0:
+        return [(lo, hi)]
+    left, right = [], []
+    size = 1.0
+    while hi - lo > 2 * int(size) + min_run:
+        k = int(size)
+        left.append((lo, lo + k))
+        right.append((hi - k, hi))
+        lo, hi = lo + k, hi - k
+        size *= growth
+    pieces = left + [(lo, hi)] + right[::-1]
+    return [(a, b) for a, b in pieces if b - a >= 2]
