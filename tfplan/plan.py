@@ -279,7 +279,13 @@ def from_dict(obj: Any) -> Plan:
     if missing or len(ratio_of) != len(names):
         extra = sorted(set(ratio_of) - set(names))
         raise TfplanError(f"actions: must list every scheduled action once (missing {missing[:3]}, extra {extra[:3]})")
-    ratios = tuple(ratio_of[n] if dag.freezable[v] else 0.0 for v, n in enumerate(names))
+    for v, n in enumerate(names):
+        if ratio_of[n] > 0 and not (dag.freezable[v] and dag.d_max[v] > dag.d_min[v]):
+            raise TfplanError(f"actions: {n} has freeze_ratio {ratio_of[n]:g}, but freezing cannot shorten it")
+    ratios = tuple(ratio_of[n] for n in names)
+    target = obj.get("target_speedup")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
+        raise TfplanError(f"target_speedup: must be a number or null, got {json.dumps(target)}")
     plan = Plan(
         dag=dag,
         profile_name=prof.name,
@@ -288,7 +294,7 @@ def from_dict(obj: Any) -> Plan:
         ratios=ratios,
         predicted=predict(dag, ratios)[0],
         solver=obj.get("solver", {}) if isinstance(obj.get("solver", {}), dict) else {},
-        target_speedup=obj.get("target_speedup"),
+        target_speedup=target,
     )
     for s, (mean, cap) in enumerate(zip(plan.mean_ratio_per_stage(), plan.caps)):
         if mean > cap + CAP_TOL:

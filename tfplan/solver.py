@@ -5,6 +5,9 @@ frozen time is below its unfrozen time, and the makespan T. Duration d_a = d_max
   precedence   t_v >= t_u + d_u + lag(u, v)          for every edge (u, v)
   finish       T   >= t_u + d_u                       for every action without successors
   cap          sum_{a in A_s} r_a <= c_s |A_s|        for every stage s (mean ratio <= cap)
+A_s holds stage s's B and W actions whose frozen time is below the unfrozen one; an action freezing cannot
+shorten (d_min == d_max) gets no variable and does not count towards |A_s| (METHOD.md counts every B/W;
+the difference only matters for profiles that declare some backward unfreezable).
 
 Note [three-phase LP]: a lexicographic objective without big-M.
   phase 1  min T                                           -> T1
