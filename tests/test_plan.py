@@ -304,7 +304,13 @@ def test_plan_schema_version_true_is_rejected(plan_obj) -> None:
         plan_mod.from_dict(plan_obj | {"schema_version": True})
 
 
-def test_ratios_of_fixed_actions_are_ignored_on_load(plan_obj) -> None:
+def test_ratios_of_fixed_actions_are_rejected_on_load(plan_obj) -> None:
     plan_obj["actions"][0]["freeze_ratio"] = 0.5  # 0F0 cannot be frozen
-    loaded = plan_mod.from_dict(plan_obj)
-    assert loaded.ratios[0] == 0.0
+    with pytest.raises(TfplanError, match="0F0 has freeze_ratio 0.5, but freezing cannot shorten it"):
+        plan_mod.from_dict(plan_obj)
+
+
+def test_target_speedup_must_be_a_number(plan_obj) -> None:
+    plan_obj["target_speedup"] = "fast"
+    with pytest.raises(TfplanError, match="target_speedup: must be a number or null"):
+        plan_mod.from_dict(plan_obj)
