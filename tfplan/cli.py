@@ -41,11 +41,11 @@ def out() -> Console:
 
 
 @contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn the package's own errors into one red line on stderr and exit code 1."""
+def user_errors(*extra: type[Exception]) -> Iterator[None]:
+    """Turn the package's own errors (and `extra` user-error classes) into one red line on stderr, exit 1."""
     try:
         yield
-    except TfplanError as exc:
+    except (TfplanError, *extra) as exc:
         first, _, rest = str(exc).partition("\n")
         err = Console(stderr=True, highlight=False, soft_wrap=True)
         err.print(Text.assemble(("error:", "bold red"), " ", first))  # Text: brackets in messages are literal

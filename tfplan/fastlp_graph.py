@@ -146,6 +146,14 @@ class Ties:
         return int(np.count_nonzero(self.rep != np.arange(len(self.rep))))
 
     @classmethod
+    def build(cls, n: int, tied, rep_of, off_of, run_of, num_runs: int, period_mb: int) -> Ties:
+        rep = np.arange(n)
+        off = np.zeros(n, dtype=np.int64)
+        run = np.full(n, -1, dtype=np.int64)
+        rep[tied], off[tied], run[tied] = rep_of, off_of, run_of
+        return cls(rep=rep, off=off, run=run, num_runs=num_runs, period_mb=period_mb)
+
+    @classmethod
     def none(cls, n: int) -> Ties:
         return cls(rep=np.arange(n), off=np.zeros(n, np.int64), run=np.full(n, -1), num_runs=0, period_mb=0)
 
@@ -175,91 +183,74 @@ def _shift_ok(g: GraphArrays, q: int) -> tuple[np.ndarray, np.ndarray]:
     return np.where(ok, w, -1), ok
 
 
-def find_ties(g: GraphArrays, margin: tuple[int, int], min_run: int = 4, growth: float = 0.0) -> Ties:
-    """Tie repeating actions into runs, leaving margin = (head, tail) periods untied at the ends of every run.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Runs:
+    """Maximal chains of repeating actions (Note [periodic compression]), before any margin is cut off."""
 
-    A run is a maximal chain v, w(v), w(w(v)), ... of same-(stage, kind) actions q micro-batches apart where
-    each step is a symmetry (_shift_ok). Among a few candidate periods q we keep the one that ties most
-    actions (the smallest on a tie).
-    """
-    n = g.n
-    best = Ties.none(n)
-    if n == 0:
+    period_mb: int
+    """Micro-batches per period q."""
+    nodes: np.ndarray
+    """Node ids of all runs, run after run, each in order."""
+    start: np.ndarray
+    """(num_runs + 1,) offsets of each run in `nodes`."""
+
+    @classmethod
+    def detect(cls, g: GraphArrays, min_run: int = 4) -> Runs:
+        """Among a few candidate periods q, keep the one whose runs (longer than min_run) cover most actions.
+
+        A run is a maximal chain v, w(v), w(w(v)), ... of same-(stage, kind) actions q micro-batches apart
+        where every step is a symmetry of the incoming edges (_shift_ok).
+        """
+        best = cls(period_mb=0, nodes=np.zeros(0, np.int64), start=np.zeros(1, np.int64))
+        if g.n == 0:
+            return best
+        num_mb = int(g.mb.max()) + 1
+        num_ranks = int(g.rank.max()) + 1
+        best_cover = 0
+        for q in sorted({1, 2, 3, 4, num_ranks, 2 * num_ranks}):
+            if q >= num_mb:
+                continue
+            runs = cls._chains(g, q, min_run)
+            cover = len(runs.nodes)
+            if cover > best_cover:
+                best, best_cover = runs, cover
         return best
-    num_mb = int(g.mb.max()) + 1
-    num_ranks = int(g.rank.max()) + 1
-    for q in sorted({1, 2, 3, 4, num_ranks, 2 * num_ranks}):
-        if q >= num_mb:
-            continue
-        ties = _runs(g, q, margin, min_run, growth)
-        if ties.num_tied > best.num_tied:
-            best = ties
-    return best
 
+    @classmethod
+    def _chains(cls, g: GraphArrays, q: int, min_run: int) -> Runs:
+        n = g.n
+        w, ok = _shift_ok(g, q)
+        # w is one-to-one and micro-batches grow along it: the ok steps form disjoint simple chains.
+        reached = np.zeros(n, dtype=bool)
+        reached[w[ok]] = True
+        starts = np.flatnonzero(ok & ~reached)
+        run_of = np.full(n, -1, dtype=np.int64)
+        idx_of = np.full(n, -1, dtype=np.int64)
+        cur, live = starts.copy(), np.arange(len(starts))
+        k = 0
+        while len(live):  # lock-step over all chains: one period per pass
+            c = cur[live]
+            run_of[c], idx_of[c] = live, k
+            step = ok[c]
+            live = live[step]
+            cur[live] = w[c[step]]
+            k += 1
+        length = np.bincount(run_of[run_of >= 0], minlength=len(starts))
+        member = np.flatnonzero((run_of >= 0) & (length[np.maximum(run_of, 0)] >= min_run))
+        order = np.lexsort((idx_of[member], run_of[member]))
+        nodes = member[order]
+        lengths = length[length >= min_run]
+        return cls(period_mb=q, nodes=nodes, start=np.concatenate([[0], np.cumsum(lengths)]))
 
-def _runs(g: GraphArrays, q: int, margin: tuple[int, int], min_run: int, growth: float) -> Ties:
-    n = g.n
-    w, ok = _shift_ok(g, q)
-    # Runs: maximal chains v -> w[v] -> ... along ok steps (w is one-to-one, micro-batches grow: no cycles).
-    reached = np.zeros(n, dtype=bool)
-    reached[w[ok]] = True
-    starts = np.flatnonzero(ok & ~reached)
-    run_of = np.full(n, -1, dtype=np.int64)
-    idx_of = np.full(n, -1, dtype=np.int64)
-    cur, live = starts.copy(), np.arange(len(starts))
-    k = 0
-    while len(live):  # lock-step over all runs: one period per pass
-        c = cur[live]
-        run_of[c], idx_of[c] = live, k
-        step = ok[c]
-        live = live[step]
-        cur[live] = w[c[step]]
-        k += 1
-    length = np.bincount(run_of[run_of >= 0], minlength=len(starts))
-    # Segments: within each run, untied ends, then pieces that grow geometrically towards the middle.
-    m_head, m_tail = margin
-    nseg = 0
-    in_run = np.flatnonzero(run_of >= 0)
-    bounds_cache: dict[int, list[int]] = {}
-    seg_id_of_run = []
-    for L in length.tolist():
-        if L not in bounds_cache:
-            bounds_cache[L] = _segments(L, m_head, m_tail, growth, min_run)
-        seg_id_of_run.append(bounds_cache[L])
-    # Map (run, index) -> segment via per-length tables.
-    rep = np.arange(n)
-    off = np.zeros(n, dtype=np.int64)
-    run = np.full(n, -1, dtype=np.int64)
-    ri, ii = run_of[in_run], idx_of[in_run]
-    order = np.lexsort((ii, ri))
-    nodes_sorted = in_run[order]
-    start_of_run = np.concatenate([[0], np.cumsum(length)])
-    for r, cuts in enumerate(seg_id_of_run):
-        base = start_of_run[r]
-        for a, b in cuts:  # tie nodes a..b-1 of run r to node a
-            seg = nodes_sorted[base + a: base + b]
-            rep[seg] = seg[0]
-            off[seg] = np.arange(b - a)
-            run[seg] = nseg
-            nseg += 1
-    return Ties(rep=rep, off=off, run=run, num_runs=nseg, period_mb=q)
-
-
-def _segments(length: int, m_head: int, m_tail: int, growth: float, min_run: int) -> list[tuple[int, int]]:
-    """Tied pieces [a, b) of a run of `length` periods: m_head and m_tail untied periods at the ends, then
-    pieces of 1, growth, growth^2, ... periods from each end inwards, one long piece in the middle."""
-    lo, hi = m_head, length - m_tail
-    if hi - lo < min_run:
-        return []
-    if growth <= 0:
-        return [(lo, hi)]
-    left, right = [], []
-    size = 1.0
-    while hi - lo > 2 * int(size) + min_run:
-        k = int(size)
-        left.append((lo, lo + k))
-        right.append((hi - k, hi))
-        lo, hi = lo + k, hi - k
-        size *= growth
-    pieces = left + [(lo, hi)] + right[::-1]
-    return [(a, b) for a, b in pieces if b - a >= 2]
+    def ties(self, n: int, margin: tuple[int, int], min_run: int = 4) -> Ties:
+        """Tie each run's periods except `margin` = (head, tail) periods at its two ends (n = number of nodes)."""
+        m_head, m_tail = margin
+        lengths = np.diff(self.start)
+        keep = np.flatnonzero(lengths - m_head - m_tail >= min_run)
+        sizes = lengths[keep] - m_head - m_tail
+        # Positions in self.nodes of the tied nodes of each kept run, run after run.
+        first = self.start[keep] + m_head
+        run_id = np.repeat(np.arange(len(keep)), sizes)
+        offset = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        tied = self.nodes[np.repeat(first, sizes) + offset]
+        return Ties.build(n, tied, self.nodes[first][run_id], offset, run_id, len(keep), self.period_mb)

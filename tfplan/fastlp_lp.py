@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from ortools.linear_solver import linear_solver_pb2, pywraplp
 from ortools.linear_solver.python import model_builder_helper as mbh
 
 from tfplan.errors import TfplanError
@@ -39,11 +40,15 @@ class SparseLP:
 class LPResult:
     objective: float
     x: np.ndarray
+    iterations: int
     wall_s: float
 
 
 def solve_glop(lp: SparseLP, what: str) -> LPResult:
     """Solve with GLOP (presolve on, default tolerances, as tfplan.solver).
+
+    The model is filled through model_builder's helper (one call per entry, no scipy), then handed to
+    pywraplp as a proto, which reports simplex iterations.
 
     Raises:
         TfplanError: any status but OPTIMAL.
@@ -63,12 +68,19 @@ def solve_glop(lp: SparseLP, what: str) -> LPResult:
     nz = np.flatnonzero(lp.obj)
     h.set_objective_coefficients(nz.tolist(), lp.obj[nz].tolist())
     h.set_maximize(lp.maximize)
-    solver = mbh.ModelSolverHelper("glop")
-    solver.solve(h)
-    status = solver.status()
-    if status != mbh.SolveStatus.OPTIMAL:
-        raise TfplanError(f"fastlp {what}: GLOP returned {status.name} instead of OPTIMAL")
-    return LPResult(solver.objective_value(), np.asarray(solver.variable_values()), time.perf_counter() - start)
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    assert solver is not None, "OR-Tools was built without GLOP"
+    error = solver.LoadModelFromProto(mbh.to_mpmodel_proto(h))
+    assert not error, error
+    status = solver.Solve()
+    if status != pywraplp.Solver.OPTIMAL:
+        raise TfplanError(f"fastlp {what}: GLOP returned status {status} instead of OPTIMAL")
+    response = linear_solver_pb2.MPSolutionResponse()
+    solver.FillSolutionResponseProto(response)
+    return LPResult(
+        objective=solver.Objective().Value(), x=np.asarray(response.variable_value), iterations=solver.iterations(),
+        wall_s=time.perf_counter() - start,
+    )
 
 
 def _coalesce(ri: np.ndarray, ci: np.ndarray, val: np.ndarray):
@@ -131,6 +143,11 @@ class Compressed:
         _, self.row_group, self.group_size = np.unique(keys, axis=1, return_inverse=True, return_counts=True)
         self.row_group = self.row_group.ravel()
         self.num_groups = len(self.group_size)
+        # Drift columns stand for run_scale * tau (the start-time change over the whole run): coefficients
+        # off / run_scale stay in [0, 1], which keeps the LP well scaled for runs of thousands of periods.
+        self.run_scale = np.ones(max(ties.num_runs, 1))
+        tied_nodes = ties.run >= 0
+        np.maximum.at(self.run_scale, ties.run[tied_nodes], ties.off[tied_nodes].astype(np.float64))
         # Phase 3 and the caps need the stage of every ratio column.
         self.r_stage = g.stage[self.r_nodes]
         self.group_sizes_A = np.bincount(g.stage[g.frz], minlength=self.num_stages)  # |A_s|
@@ -163,7 +180,7 @@ def tied_primal(c: Compressed, phase: Phase) -> tuple[SparseLP, dict[str, int]]:
         drift = ties.off[nodes] > 0
         ri.append(rows[drift])
         ci.append(col["tau"] + ties.run[nodes[drift]])
-        val.append(sign * ties.off[nodes[drift]].astype(np.float64))
+        val.append(sign * ties.off[nodes[drift]] / c.run_scale[ties.run[nodes[drift]]])
 
     def r_terms(rows, nodes):
         f = g.frz[nodes]

@@ -42,6 +42,8 @@ class Predicted:
     """Naive baseline: every freezable action at the plan's overall mean ratio."""
     step_overhead_ms: float
     """The per-step overhead included in each of the above."""
+    mean_freeze_ratio: float
+    """The plan's mean ratio over every freezable action (the uniform baseline's ratio)."""
     no_freeze_bubble_fraction: float
     planned_bubble_fraction: float
 
@@ -58,6 +60,7 @@ class Predicted:
             "uniform_same_mean_ms": self.uniform_ms,
             "uniform_same_mean_speedup": self.no_freeze_ms / self.uniform_ms,
             "step_overhead_ms": self.step_overhead_ms,
+            "overall_mean_freeze_ratio": self.mean_freeze_ratio,
             "no_freeze_bubble_fraction": self.no_freeze_bubble_fraction,
             "planned_bubble_fraction": self.planned_bubble_fraction,
         }
@@ -109,6 +112,7 @@ def predict(dag: Dag, ratios: Sequence[float]) -> tuple[Predicted, Simulation]:
             all_frozen_ms=frozen.batch_time_ms,
             uniform_ms=uniform.batch_time_ms,
             step_overhead_ms=dag.step_overhead_ms,
+            mean_freeze_ratio=mean,
             no_freeze_bubble_fraction=none.bubble_fraction,
             planned_bubble_fraction=planned.bubble_fraction,
         ),

@@ -157,7 +157,7 @@ def plan_summary(plan) -> Table:
     table = Table(title="predicted step time", title_justify="left", show_edge=False)
     for col, justify in (("plan", "left"), ("step ms", "right"), ("speedup", "right"), ("note", "left")):
         table.add_column(col, justify=justify)
-    mean = _overall_mean(plan)
+    mean = p.mean_freeze_ratio
     table.add_row("no freezing", f"{p.no_freeze_ms:.3f}", "1.000x", f"bubbles {p.no_freeze_bubble_fraction:.1%}")
     table.add_row(
         Text("TimelyFreeze plan", style="bold"),
@@ -178,13 +178,6 @@ def plan_summary(plan) -> Table:
         "cap 1 optimum (bound)",
     )
     return table
-
-
-def _overall_mean(plan) -> float:
-    from tfplan.solver import freeze_groups
-
-    nodes = [v for g in freeze_groups(plan.dag) for v in g]
-    return sum(plan.ratios[v] for v in nodes) / len(nodes) if nodes else 0.0
 
 
 def stage_table(plan) -> Table:

@@ -13,6 +13,7 @@ from tfplan.dag import build
 from tfplan.errors import TfplanError
 from tfplan.job import JobSpec, resolve_schedule
 from tfplan.profile import load
+from tfplan.schedules import get_spec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,6 +61,8 @@ def sweep(
     """
     profile = load(profile_path)
     check_caps_list(caps)
+    for name in schedule_names:
+        get_spec(name)  # an unknown name is the user's mistake, not a combination to skip
     rows = []
     for name in schedule_names:
         for m in microbatches:
@@ -74,9 +77,7 @@ def sweep(
             try:
                 schedule = resolve_schedule(spec, profile)
                 dag = build(schedule, profile, layers_per_stage)
-            except TfplanError as exc:
-                if "unknown schedule" in str(exc):
-                    raise
+            except TfplanError as exc:  # this schedule cannot run these arguments: skip, saying why
                 for c in caps:
                     row = SweepRow(schedule=name, num_microbatches=m, cap=c, skipped=str(exc).split("\n")[0])
                     rows.append(row)
@@ -87,8 +88,6 @@ def sweep(
                 solution = solver.solve(dag, c)
                 plan = plan_mod.make_plan(dag, solution, [c] * schedule.num_stages, profile)
                 p = plan.predicted
-                groups = [v for g in solver.freeze_groups(dag) for v in g]
-                mean = sum(solution.ratios[v] for v in groups) / len(groups) if groups else 0.0
                 row = SweepRow(
                     schedule=schedule.name,
                     num_microbatches=m,
@@ -100,7 +99,7 @@ def sweep(
                     speedup=p.speedup,
                     bubble_before=p.no_freeze_bubble_fraction,
                     bubble_after=p.planned_bubble_fraction,
-                    mean_freeze_ratio=mean,
+                    mean_freeze_ratio=p.mean_freeze_ratio,
                     uniform_ms=p.uniform_ms,
                     uniform_speedup=p.no_freeze_ms / p.uniform_ms,
                     all_frozen_ms=p.all_frozen_ms,

@@ -8,17 +8,14 @@ Examples:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-from collections.abc import Iterator
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.text import Text
 
-from tfplan.errors import TfplanError
+from tfplan.cli import user_errors
 from tfrun.errors import TfrunError
 
 app = typer.Typer(
@@ -28,19 +25,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    try:
-        yield
-    except (TfrunError, TfplanError) as exc:
-        first, _, rest = str(exc).partition("\n")
-        err = Console(stderr=True, highlight=False, soft_wrap=True)
-        err.print(Text.assemble(("error:", "bold red"), " ", first))  # Text: brackets in messages are literal
-        if rest:
-            err.print(rest, markup=False)
-        raise typer.Exit(1) from None
 
 
 @app.command("train")
@@ -84,7 +68,7 @@ def train_cmd(
     """
     from tfrun import launch, setup
 
-    with user_errors():
+    with user_errors(TfrunError):
         config = setup.train_config(
             plan_path=plan, model=model, steps=steps, seed=seed, out_dir=resume or out, freeze=freeze,
             freeze_method=freeze_method, freeze_policy=freeze_policy, ramp_steps=ramp_steps, redraw_every=redraw_every,
@@ -125,7 +109,7 @@ def profile_cmd(
     schedule (F, B, frozen B) and its split I/W counterpart (I, W, frozen W); writes tfplan's format."""
     from tfrun import profiling
 
-    with user_errors():
+    with user_errors(TfrunError):
         prof = profiling.measure(
             model=model, num_ranks=stages, num_microbatches=microbatches, schedule=schedule,
             stages_per_rank=stages_per_rank, steps=steps, microbatch_size=microbatch_size, seq_len=seq_len,
