@@ -449,8 +449,8 @@ def whatif_cmd(
 @app.command("profile")
 def profile_cmd(
     output: Annotated[str, typer.Option("--output", "-o", help="Profile JSON to write.")],
-    model: Annotated[str, typer.Option("--model", help="Model: llama3.2-1b/3b, llama3.1-8b/70b (analytic); "
-                                                      "tiny, small, ... (measured).")] = "tiny",
+    model: Annotated[str | None, typer.Option("--model", help="Model: llama3.2-1b/3b, llama3.1-8b/70b (analytic); "
+                                                             "tiny (default), small, ... (measured).")] = None,
     stages: Annotated[int, typer.Option("--stages", help="Pipeline stages, one per rank (the paper's sense).",
                                         min=1)] = 2,
     stages_per_rank: Annotated[int, typer.Option("--stages-per-rank", help="Model chunks per rank V; the "
@@ -484,6 +484,8 @@ def profile_cmd(
         if analytic:
             from tfplan import costmodel
 
+            if model is None:
+                raise TfplanError(f"--analytic needs --model; known: {', '.join(costmodel.MODELS)}")
             kwargs = {"mfu": mfu} if mfu is not None else {}
             prof = costmodel.analytic_profile(model, gpu, microbatch_size, seq_len, link=link, **kwargs)
             if not per_layer:
@@ -491,7 +493,7 @@ def profile_cmd(
                                                  parse_int_list(layers_per_stage, "--layers-per-stage"))
             write_json_atomic(output, prof.to_dict())
         else:
-            prof = _measure_profile(output, model, stages, stages_per_rank, microbatches, schedule, steps,
+            prof = _measure_profile(output, model or "tiny", stages, stages_per_rank, microbatches, schedule, steps,
                                     microbatch_size, seq_len)
         if as_json:
             print(json.dumps(prof.to_dict()))
