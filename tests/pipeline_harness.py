@@ -18,6 +18,7 @@ from tfrun.freezing import Freezer, candidates
 from tfrun.model import MODELS, build_stage, loss_fn
 from tfrun.runtime import StepState, build_schedule, make_stage
 from tfrun.timing import ActionTimer
+from tfrun.train import _rescale
 
 MODEL, SEED, MB_SIZE, SEQ = "tiny", 3, 2, 16
 
@@ -44,7 +45,8 @@ def worker(rank: int, world: int, port: int, cases: list[tuple], out_dir: str) -
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for i, (name, p, v, m, pattern, method) in enumerate(cases):
+        for i, (name, p, v, m, pattern, method, *flags) in enumerate(cases):
+            rescale = "rescale" in flags
             sched = schedules.generate(name, p, m, v)
             local = [s for s, r in enumerate(sched.stage_to_rank) if r == rank]
             cfg = MODELS[MODEL]
@@ -62,6 +64,8 @@ def worker(rank: int, world: int, port: int, cases: list[tuple], out_dir: str) -
             state.begin(0)
             has_first, has_last = 0 in local, sched.num_stages - 1 in local
             runtime.step(*((x,) if has_first else ()), **({"target": y, "losses": losses} if has_last else {}))
+            if rescale:
+                _rescale(modules, state, m)
             grads = {n: p_.grad.clone() if p_.grad is not None else None
                      for mod in modules.values() for n, p_ in mod.named_parameters()}
             torch.save({"grads": grads, "losses": [float(v_.detach()) for v_ in losses], "shares": dict(state.shares)},
@@ -74,9 +78,10 @@ def worker(rank: int, world: int, port: int, cases: list[tuple], out_dir: str) -
         dist.destroy_process_group()
 
 
-def reference(name: str, p: int, v: int, m: int, pattern: str) -> tuple[dict, list[float]]:
+def reference(name: str, p: int, v: int, m: int, pattern: str, rescale: bool = False) -> tuple[dict, list[float]]:
     """Single process: per micro-batch loss/M, each parameter's gradient summed over the micro-batches in
-    which its stage did not freeze it (the paper's semantics); returns (grads by name, per-mb losses)."""
+    which its stage did not freeze it (the paper's semantics); with `rescale`, times M / (micro-batches that
+    contributed) (--grad-rescale). Returns (grads by name, per-mb losses)."""
     sched = schedules.generate(name, p, m, v)
     cfg = MODELS[MODEL]
     full = build_stage(cfg, 0, 1, SEED)
@@ -88,6 +93,7 @@ def reference(name: str, p: int, v: int, m: int, pattern: str) -> tuple[dict, li
     x, y = batch(m)
     xs, ys = x.chunk(m), y.chunk(m)
     total = {n: torch.zeros_like(t) for n, t in full.named_parameters()}
+    count = {n: 0 for n in total}
     losses = []
     for mb in range(m):
         full.zero_grad(set_to_none=True)
@@ -98,4 +104,7 @@ def reference(name: str, p: int, v: int, m: int, pattern: str) -> tuple[dict, li
             frozen = pattern != "none" and n in freezer.selection(0, owner[n], mb).names
             if not frozen:
                 total[n] += t.grad
+                count[n] += 1
+    if rescale:
+        total = {n: g * (m / count[n]) if count[n] else g for n, g in total.items()}
     return total, losses

@@ -75,3 +75,14 @@ def test_ramp_is_linear_to_the_plan():
 def test_unplanned_actions_freeze_nothing():
     f = _freezer()
     assert f.selection(0, 1, 9).names == frozenset()
+
+
+def test_parameters_frozen_from_the_start_are_never_candidates():
+    torch = pytest.importorskip("torch")
+    from tfrun.freezing import candidates
+
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    module[0].weight.requires_grad_(False)
+    names = [c.name for c in candidates(module)]
+    assert names == ["0.bias", "1.weight", "1.bias"]
+    assert [c.cost for c in candidates(module)] == [4.0, 8.0, 2.0]

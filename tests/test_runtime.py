@@ -29,6 +29,8 @@ CASES_2 = [
     ("zbv", 2, 2, 4, "mix", "detach"),
     ("zbv", 2, 2, 3, "all", "grad"),
     ("dualpipev", 2, 2, 4, "mix", "detach"),
+    ("1f1b", 2, 1, 4, "mix", "detach", "rescale"),
+    ("zbv", 2, 2, 4, "mix", "grad", "rescale"),
 ]
 CASES_3 = [
     ("1f1b", 3, 1, 5, "mix", "detach"),
@@ -68,7 +70,7 @@ def _check(out, index: int, case: tuple, world: int) -> None:
 
     from tests import pipeline_harness
 
-    ref, ref_losses = pipeline_harness.reference(*case[:5])
+    ref, ref_losses = pipeline_harness.reference(*case[:5], rescale="rescale" in case[6:])
     grads, losses = {}, []
     for r in range(world):
         saved = torch.load(out / f"case{index}-rank{r}.pt")
@@ -102,4 +104,6 @@ def test_mixed_plan_really_differs_from_unfrozen():
 
     mixed, _ = pipeline_harness.reference("1f1b", 2, 1, 4, "mix")
     plain, _ = pipeline_harness.reference("1f1b", 2, 1, 4, "none")
+    rescaled, _ = pipeline_harness.reference("1f1b", 2, 1, 4, "mix", rescale=True)
     assert any(not torch.equal(mixed[n], plain[n]) for n in plain)
+    assert any(not torch.equal(mixed[n], rescaled[n]) for n in plain)
