@@ -24,7 +24,19 @@ from tfplan import simulate as simulate_mod
 from tfplan.errors import TfplanError
 from tfplan.fileio import write_json_atomic, write_text_atomic
 from tfplan.job import JobSpec, build
-from tfplan.render import gantt_panels, grid_table, headline, legend, summary_table, timeline
+from tfplan.measured import measure_profile
+from tfplan.render import (
+    gantt_panels,
+    grid_table,
+    headline,
+    legend,
+    plan_json,
+    plan_title,
+    render_plan,
+    simulation_json,
+    summary_table,
+    timeline,
+)
 from tfplan.trace import chrome_trace
 
 app = typer.Typer(
@@ -154,27 +166,6 @@ def simulate_cmd(
             console.print(f"trace written to {trace} (open in https://ui.perfetto.dev)")
 
 
-def simulation_json(dag, sim: simulate_mod.Simulation, freeze_ratio: float, profile_name: str) -> dict:
-    s = dag.schedule
-    return {
-        "profile": profile_name,
-        "schedule": s.name,
-        "num_ranks": s.num_ranks,
-        "num_stages": s.num_stages,
-        "num_microbatches": s.num_microbatches,
-        "stages_per_rank": s.stages_per_rank,
-        "num_actions": dag.num_nodes,
-        "freeze_ratio": freeze_ratio,
-        "batch_time_ms": sim.batch_time_ms,
-        "makespan_ms": sim.makespan_ms,
-        "step_overhead_ms": sim.step_overhead_ms,
-        "bubble_fraction": sim.bubble_fraction,
-        "busy_ms": sim.busy_ms,
-        "idle_ms": sim.idle_ms,
-        "critical_path": [str(dag.actions[v]) for v in sim.critical_path],
-    }
-
-
 @app.command("schedules")
 def schedules_cmd(as_json: JsonOpt = False) -> None:
     """List the schedules tfplan generates (each equals torch 2.13's order for the same arguments)."""
@@ -265,38 +256,6 @@ def parse_caps(text: str) -> list[float]:
         raise TfplanError(f"--max-freeze-ratio: expected numbers (e.g. 0.9 or 0.9,0.8,0.7,0.6), got {text!r}") from None
 
 
-def render_plan(plan_obj, console: Console, title: str) -> None:
-    """The people's view of a plan: summary, per-stage ratios, heat map, before/after timelines."""
-    from tfplan.render import heat_map, plan_summary, stage_table
-
-    dag = plan_obj.dag
-    none = simulate_mod.simulate(dag)
-    planned = simulate_mod.simulate(dag, dag.durations(list(plan_obj.ratios)))
-    console.print(Text(title, style="bold"))
-    console.print(plan_summary(plan_obj))
-    console.print(stage_table(plan_obj))
-    console.print(heat_map(plan_obj, console.width))
-    console.print(legend({a.kind for a in dag.actions}))
-    console.print(Text(f"before: no freezing, {none.batch_time_ms:.3f} ms", style="bold"))
-    console.print(timeline(dag, none, console.width, span=(0.0, none.makespan_ms)), end="")
-    console.print(Text(f"after: TimelyFreeze plan, {planned.batch_time_ms:.3f} ms (same time scale)", style="bold"))
-    console.print(timeline(dag, planned, console.width, span=(0.0, none.makespan_ms)), end="")
-
-
-def plan_json(plan_obj) -> dict:
-    p = plan_obj.predicted
-    return {
-        "schedule": plan_obj.schedule.name,
-        "num_ranks": plan_obj.schedule.num_ranks,
-        "num_stages": plan_obj.schedule.num_stages,
-        "num_microbatches": plan_obj.schedule.num_microbatches,
-        "max_freeze_ratio": list(plan_obj.caps),
-        "mean_freeze_ratio": plan_obj.mean_ratio_per_stage(),
-        **p.to_dict(),
-        "solver": plan_obj.solver,
-    }
-
-
 @app.command("solve")
 def solve_cmd(
     profile: ProfileOpt,
@@ -332,19 +291,9 @@ def solve_cmd(
             print(json.dumps(plan_json(plan_obj) | {"output": output, "schedule_csv": str(csv_path or "") or None}))
             return
         console = out()
-        render_plan(plan_obj, console, title=_plan_title(plan_obj))
+        render_plan(plan_obj, console, title=plan_title(plan_obj))
         if output:
             console.print(f"plan written to {output}, schedule CSV to {csv_path}")
-
-
-def _plan_title(plan_obj) -> str:
-    s = plan_obj.schedule
-    solver = plan_obj.solver
-    solved = f", solved by {solver['backend']} in {solver['wall_s']:.3f} s" if solver else ""
-    return (
-        f"{s.name}: {s.num_ranks} ranks, {s.num_stages} stages, {s.num_microbatches} micro-batches, "
-        f"profile {plan_obj.profile_name}{solved}"
-    )
 
 
 @app.command("show")
@@ -368,7 +317,7 @@ def show_cmd(
         if as_json:
             print(json.dumps(plan_json(plan_obj)))
             return
-        render_plan(plan_obj, out(), title=f"{plan_path}: {_plan_title(plan_obj)}")
+        render_plan(plan_obj, out(), title=f"{plan_path}: {plan_title(plan_obj)}")
         if trace:
             out().print(f"trace written to {trace} (open in https://ui.perfetto.dev)")
 
@@ -449,25 +398,35 @@ def whatif_cmd(
 @app.command("profile")
 def profile_cmd(
     output: Annotated[str, typer.Option("--output", "-o", help="Profile JSON to write.")],
-    model: Annotated[str | None, typer.Option("--model", help="Model: llama3.2-1b/3b, llama3.1-8b/70b (analytic); "
-                                                             "tiny (default), small, ... (measured).")] = None,
-    stages: Annotated[int, typer.Option("--stages", help="Pipeline stages, one per rank (the paper's sense).",
-                                        min=1)] = 2,
-    stages_per_rank: Annotated[int, typer.Option("--stages-per-rank", help="Model chunks per rank V; the "
-                                                 "profile holds stages x V chunks.", min=1)] = 1,
-    analytic: Annotated[bool, typer.Option("--analytic", help="Cost model (no GPU needed) instead of measuring.")]
-    = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="Model: llama3.2-1b/3b, llama3.1-8b/70b (analytic); tiny (default), small, ... (measured)."
+        ),
+    ] = None,
+    stages: Annotated[
+        int, typer.Option("--stages", help="Pipeline stages, one per rank (the paper's sense).", min=1)
+    ] = 2,
+    stages_per_rank: Annotated[
+        int,
+        typer.Option("--stages-per-rank", help="Model chunks per rank V; the profile holds stages x V chunks.", min=1),
+    ] = 1,
+    analytic: Annotated[
+        bool, typer.Option("--analytic", help="Cost model (no GPU needed) instead of measuring.")
+    ] = False,
     gpu: Annotated[str, typer.Option("--gpu", help="Analytic: a100, h100, h200.")] = "h200",
     microbatch_size: Annotated[int, typer.Option("--microbatch-size", help="Sequences per micro-batch.", min=1)] = 4,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.", min=1)] = 128,
-    mfu: Annotated[float | None, typer.Option("--mfu", help="Analytic: achieved fraction of peak bf16 FLOP/s.")]
-    = None,
+    mfu: Annotated[float | None, typer.Option("--mfu", help="Analytic: achieved fraction of peak bf16 FLOP/s.")] = None,
     link: Annotated[str, typer.Option("--link", help="Analytic: nvlink, pcie or ib between ranks.")] = "nvlink",
     layers_per_stage: LayersPerStageOpt = None,
-    per_layer: Annotated[bool, typer.Option("--per-layer", help="Analytic: write the per-layer profile "
-                                            "(split into stages at planning time).")] = False,
-    microbatches: Annotated[int, typer.Option("--microbatches", "-m", help="Measured: micro-batches per step.",
-                                              min=1)] = 8,
+    per_layer: Annotated[
+        bool,
+        typer.Option("--per-layer", help="Analytic: write the per-layer profile (split into stages at planning time)."),
+    ] = False,
+    microbatches: Annotated[
+        int, typer.Option("--microbatches", "-m", help="Measured: micro-batches per step.", min=1)
+    ] = 8,
     schedule: Annotated[str, typer.Option("--schedule", help="Measured: full-backward schedule to time.")] = "1f1b",
     steps: Annotated[int, typer.Option("--steps", help="Measured: steps per measuring run.", min=3)] = 8,
     as_json: JsonOpt = False,
@@ -489,20 +448,34 @@ def profile_cmd(
             kwargs = {"mfu": mfu} if mfu is not None else {}
             prof = costmodel.analytic_profile(model, gpu, microbatch_size, seq_len, link=link, **kwargs)
             if not per_layer:
-                prof = profile_mod.split_profile(prof, stages * stages_per_rank,
-                                                 parse_int_list(layers_per_stage, "--layers-per-stage"))
+                prof = profile_mod.split_profile(
+                    prof, stages * stages_per_rank, parse_int_list(layers_per_stage, "--layers-per-stage")
+                )
             write_json_atomic(output, prof.to_dict())
         else:
-            prof = _measure_profile(output, model or "tiny", stages, stages_per_rank, microbatches, schedule, steps,
-                                    microbatch_size, seq_len)
+            prof = measure_profile(
+                output,
+                model or "tiny",
+                stages,
+                stages_per_rank,
+                microbatches,
+                schedule,
+                steps,
+                microbatch_size,
+                seq_len,
+            )
         if as_json:
             print(json.dumps(prof.to_dict()))
             return
         from rich.table import Table
 
         rows = prof.stages if prof.stages is not None else prof.layers
-        table = Table(title=f"profile {prof.name} ({prof.source.get('kind')}), p2p {prof.p2p_ms:.4g} ms, "
-                      f"overhead {prof.step_overhead_ms:.4g} ms", title_justify="left", show_edge=False)
+        table = Table(
+            title=f"profile {prof.name} ({prof.source.get('kind')}), p2p {prof.p2p_ms:.4g} ms, "
+            f"overhead {prof.step_overhead_ms:.4g} ms",
+            title_justify="left",
+            show_edge=False,
+        )
         for col in ("stage" if prof.stages is not None else "layer", "F", "B", "B frozen", "I", "W", "W frozen"):
             table.add_column(col, justify="right")
         for i, c in enumerate(rows):
@@ -510,29 +483,6 @@ def profile_cmd(
         console = out()
         console.print(table)
         console.print(f"profile written to {output} (times in ms per micro-batch)")
-
-
-def _measure_profile(output, model, stages, stages_per_rank, microbatches, schedule, steps, microbatch_size,
-                     seq_len):
-    """Run tfrun's measuring job in a subprocess (tfplan itself never imports torch)."""
-    import importlib.util
-    import subprocess
-
-    from tfplan import profile as profile_mod
-
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("tfrun") is None:
-        raise TfplanError("measuring a profile runs the tfrun executor, which needs torch: "
-                          "pip install 'timelyfreeze[run]' (or use --analytic for a cost-model profile)")
-    cmd = [sys.executable, "-m", "tfrun", "profile", "--model", model, "--stages", str(stages),
-           "--stages-per-rank", str(stages_per_rank), "--microbatches", str(microbatches), "--schedule", schedule,
-           "--steps", str(steps), "--microbatch-size", str(microbatch_size), "--seq-len", str(seq_len),
-           "--output", output]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        detail = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "no output")
-        raise TfplanError(f"measuring failed: {detail.removeprefix('error: ')}")
-    return profile_mod.load(output)
 
 
 def main() -> None:

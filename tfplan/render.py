@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from tfplan.dag import Dag
-from tfplan.simulate import Simulation
+from tfplan.simulate import Simulation, simulate
 
 KIND_STYLE = {
     "F": "black on bright_cyan",
@@ -237,8 +238,19 @@ def sweep_table(rows, title: str):
     from rich.console import Group
 
     table = Table(title=title, title_justify="left", show_edge=False)
-    cols = ("schedule", "M", "cap", "no-freeze ms", "planned ms", "speedup", "bubbles before", "after",
-            "mean ratio", "uniform same mean", "plan vs uniform")
+    cols = (
+        "schedule",
+        "M",
+        "cap",
+        "no-freeze ms",
+        "planned ms",
+        "speedup",
+        "bubbles before",
+        "after",
+        "mean ratio",
+        "uniform same mean",
+        "plan vs uniform",
+    )
     for col in cols:
         table.add_column(col, justify="left" if col == "schedule" else "right", no_wrap=col == "schedule")
     reasons: list[str] = []
@@ -250,9 +262,82 @@ def sweep_table(rows, title: str):
             table.add_row(r.schedule, str(r.num_microbatches), f"{r.cap:g}", note)
             continue
         table.add_row(
-            r.schedule, str(r.num_microbatches), f"{r.cap:g}", f"{r.no_freeze_ms:.3f}", f"{r.planned_ms:.3f}",
-            Text(f"{r.speedup:.3f}x", style="bold"), f"{r.bubble_before:.1%}", f"{r.bubble_after:.1%}",
-            f"{r.mean_freeze_ratio:.3f}", f"{r.uniform_speedup:.3f}x", f"{r.uniform_ms / r.planned_ms:.3f}x",
+            r.schedule,
+            str(r.num_microbatches),
+            f"{r.cap:g}",
+            f"{r.no_freeze_ms:.3f}",
+            f"{r.planned_ms:.3f}",
+            Text(f"{r.speedup:.3f}x", style="bold"),
+            f"{r.bubble_before:.1%}",
+            f"{r.bubble_after:.1%}",
+            f"{r.mean_freeze_ratio:.3f}",
+            f"{r.uniform_speedup:.3f}x",
+            f"{r.uniform_ms / r.planned_ms:.3f}x",
         )
     notes = Text("".join(f"[{i}] {reason}\n" for i, reason in enumerate(reasons, start=1)), style="dim")
     return Group(table, notes) if reasons else table
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Whole views and JSON summaries used by the CLI
+
+
+def simulation_json(dag, sim: Simulation, freeze_ratio: float, profile_name: str) -> dict:
+    s = dag.schedule
+    return {
+        "profile": profile_name,
+        "schedule": s.name,
+        "num_ranks": s.num_ranks,
+        "num_stages": s.num_stages,
+        "num_microbatches": s.num_microbatches,
+        "stages_per_rank": s.stages_per_rank,
+        "num_actions": dag.num_nodes,
+        "freeze_ratio": freeze_ratio,
+        "batch_time_ms": sim.batch_time_ms,
+        "makespan_ms": sim.makespan_ms,
+        "step_overhead_ms": sim.step_overhead_ms,
+        "bubble_fraction": sim.bubble_fraction,
+        "busy_ms": sim.busy_ms,
+        "idle_ms": sim.idle_ms,
+        "critical_path": [str(dag.actions[v]) for v in sim.critical_path],
+    }
+
+
+def render_plan(plan_obj, console: Console, title: str) -> None:
+    """The people's view of a plan: summary, per-stage ratios, heat map, before/after timelines."""
+    dag = plan_obj.dag
+    none = simulate(dag)
+    planned = simulate(dag, dag.durations(list(plan_obj.ratios)))
+    console.print(Text(title, style="bold"))
+    console.print(plan_summary(plan_obj))
+    console.print(stage_table(plan_obj))
+    console.print(heat_map(plan_obj, console.width))
+    console.print(legend({a.kind for a in dag.actions}))
+    console.print(Text(f"before: no freezing, {none.batch_time_ms:.3f} ms", style="bold"))
+    console.print(timeline(dag, none, console.width, span=(0.0, none.makespan_ms)), end="")
+    console.print(Text(f"after: TimelyFreeze plan, {planned.batch_time_ms:.3f} ms (same time scale)", style="bold"))
+    console.print(timeline(dag, planned, console.width, span=(0.0, none.makespan_ms)), end="")
+
+
+def plan_json(plan_obj) -> dict:
+    p = plan_obj.predicted
+    return {
+        "schedule": plan_obj.schedule.name,
+        "num_ranks": plan_obj.schedule.num_ranks,
+        "num_stages": plan_obj.schedule.num_stages,
+        "num_microbatches": plan_obj.schedule.num_microbatches,
+        "max_freeze_ratio": list(plan_obj.caps),
+        "mean_freeze_ratio": plan_obj.mean_ratio_per_stage(),
+        **p.to_dict(),
+        "solver": plan_obj.solver,
+    }
+
+
+def plan_title(plan_obj) -> str:
+    s = plan_obj.schedule
+    solver = plan_obj.solver
+    solved = f", solved by {solver['backend']} in {solver['wall_s']:.3f} s" if solver else ""
+    return (
+        f"{s.name}: {s.num_ranks} ranks, {s.num_stages} stages, {s.num_microbatches} micro-batches, "
+        f"profile {plan_obj.profile_name}{solved}"
+    )
