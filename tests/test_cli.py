@@ -186,6 +186,24 @@ def test_solve_json() -> None:
     assert data["output"] is None
 
 
+@pytest.mark.parametrize(
+    "name, m, auto", [("1f1b", 256, "glop"), ("interleaved-1f1b", 64, "glop"), ("1f1b", 700, "fastlp")]
+)
+def test_solve_backends_agree(name: str, m: int, auto: str) -> None:
+    """--solver glop and fastlp give the same plan; auto picks by size (job.AUTO_FASTLP_ACTIONS)."""
+    from tfplan.job import AUTO_FASTLP_ACTIONS
+
+    actions = schedules.generate(name, 4 if name == "1f1b" else 2, m).num_actions
+    assert (actions > AUTO_FASTLP_ACTIONS) == (auto == "fastlp")
+    base = ["solve", "-p", HETERO, "-s", name, "-m", str(m), "--json"]
+    got = {b: json.loads(ok(*base, "--solver", b).stdout) for b in ("glop", "fastlp", "auto")}
+    assert [got[b]["solver"]["backend"] for b in ("glop", "fastlp", "auto")] == ["glop", "fastlp", auto]
+    for b in ("fastlp", "auto"):
+        assert got[b]["planned_ms"] == pytest.approx(got["glop"]["planned_ms"], rel=1e-9)
+        total = sum(got[b]["mean_freeze_ratio"])
+        assert total == pytest.approx(sum(got["glop"]["mean_freeze_ratio"]), rel=1e-6)
+
+
 def test_solve_per_stage_caps() -> None:
     data = json.loads(ok("solve", *TOY, "-c", "0,0.5,0.9,1", "--json").stdout)
     assert data["max_freeze_ratio"] == [0.0, 0.5, 0.9, 1.0]

@@ -96,6 +96,19 @@ def test_unknown_schedule_and_bad_caps_fail_before_solving() -> None:
     assert seen == []
     with pytest.raises(TfplanError, match="profile not found"):
         sweep.sweep(str(PROFILES / "missing.json"), ["gpipe"], [4], [0.5])
+    with pytest.raises(TfplanError, match="--solver must be one of auto, glop, fastlp, got 'simplex'"):
+        sweep.sweep(UNIFORM, ["gpipe"], [4], [0.5], on_row=seen.append, backend="simplex")
+    assert seen == []
+
+
+def test_fastlp_backend_gives_the_same_rows() -> None:
+    args = (HETERO, ["1f1b", "interleaved-1f1b"], [16, 32], [0.3, 0.9])
+    glop, fast = sweep.sweep(*args, backend="glop"), sweep.sweep(*args, backend="fastlp")
+    for a, b in zip(glop, fast, strict=True):
+        assert (a.schedule, a.num_microbatches, a.cap, a.skipped) == (b.schedule, b.num_microbatches, b.cap, b.skipped)
+        if a.skipped is None:
+            assert b.planned_ms == pytest.approx(a.planned_ms, rel=1e-9)
+            assert b.mean_freeze_ratio == pytest.approx(a.mean_freeze_ratio, rel=1e-6, abs=1e-9)
 
 
 def test_csv_has_a_header_and_one_row_per_combination(rows) -> None:

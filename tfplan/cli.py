@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -94,6 +95,24 @@ LayersPerStageOpt = Annotated[
     typer.Option("--layers-per-stage", help="Per-layer profile split, comma-separated (default: balanced by time)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")]
+
+
+class Backend(StrEnum):
+    """--solver choices (tfplan.job.BACKENDS)."""
+
+    auto = "auto"
+    glop = "glop"
+    fastlp = "fastlp"
+
+
+SolverOpt = Annotated[
+    Backend,
+    typer.Option(
+        "--solver",
+        help="LP backend: glop (full LP, the reference), fastlp (periodic compression, same optima, for large "
+        "plans) or auto (fastlp above 5,000 actions).",
+    ),
+]
 
 
 def parse_int_list(text: str | None, option: str) -> list[int] | None:
@@ -274,6 +293,7 @@ def solve_cmd(
         str | None, typer.Option("--output", "-o", help="Write plan JSON here (and the schedule CSV beside it).")
     ] = None,
     as_json: JsonOpt = False,
+    solver_backend: SolverOpt = Backend.auto,
 ) -> None:
     """Solve the TimelyFreeze LP: a freeze ratio per (stage, micro-batch) action that minimises the step time
     under the per-stage cap on the mean freeze ratio.
@@ -285,7 +305,7 @@ def solve_cmd(
 
     with user_errors():
         spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage)
-        plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup)
+        plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup, solver_backend.value)
         csv_path = plan_mod.write(plan_obj, output) if output else None
         if as_json:
             print(json.dumps(plan_json(plan_obj) | {"output": output, "schedule_csv": str(csv_path or "") or None}))
@@ -346,6 +366,7 @@ def whatif_cmd(
     csv_out: Annotated[str | None, typer.Option("--csv", help="Write the table as CSV here.")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of speedup against cap per schedule.")] = None,
     as_json: JsonOpt = False,
+    solver_backend: SolverOpt = Backend.auto,
 ) -> None:
     """What-if sweep on a laptop: every schedule x micro-batch count x cap, with the naive uniform-freezing
     baseline at the same mean ratio.
@@ -380,6 +401,7 @@ def whatif_cmd(
                 ranks,
                 parse_int_list(layers_per_stage, "--layers-per-stage"),
                 on_row=lambda row: progress.advance(task),
+                backend=solver_backend.value,
             )
         if csv_out:
             write_text_atomic(csv_out, sweep_mod.to_csv(rows))

@@ -1,21 +1,17 @@
 """The two small LPs of fastlp: the tied primal (an upper bound) and the tied dual (a lower bound).
 
 Part of tfplan.fastlp; Note [periodic compression] there says why both are exact bounds. Both are built
-as sparse matrices from GraphArrays + Ties and solved with GLOP through ortools' model_builder helper
-(filled entry by entry: no scipy). Phases follow Note [three-phase LP] in tfplan.solver:
+as sparse COO matrices (numpy) from GraphArrays + Ties; tfplan.fastlp hands them to GLOP. Phases follow
+Note [three-phase LP] in tfplan.solver:
   phase 1  min T;   phase 2  min sum r, T <= t_ub;   phase 3  min sum_s z_s, also sum r <= r_ub, z_s >= r_a.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
-from ortools.linear_solver import linear_solver_pb2, pywraplp
-from ortools.linear_solver.python import model_builder_helper as mbh
 
-from tfplan.errors import TfplanError
 from tfplan.fastlp_graph import GraphArrays, Ties
 
 INF = float("inf")
@@ -34,68 +30,6 @@ class SparseLP:
     row_lo: np.ndarray
     row_hi: np.ndarray
     maximize: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class LPResult:
-    objective: float
-    x: np.ndarray
-    iterations: int
-    wall_s: float
-
-
-def solve_glop(lp: SparseLP, what: str) -> LPResult:
-    """Solve with GLOP (presolve on, default tolerances, as tfplan.solver).
-
-    The model is filled through model_builder's helper (one call per entry, no scipy), then handed to
-    pywraplp as a proto, which reports simplex iterations.
-
-    Raises:
-        TfplanError: any status but OPTIMAL.
-    """
-    start = time.perf_counter()
-    ri, ci, val = _coalesce(lp.ri, lp.ci, lp.val)
-    h = mbh.ModelBuilderHelper()
-    h.add_var_array_with_bounds(lp.lb.astype(np.float64), lp.ub.astype(np.float64), np.zeros(len(lp.lb), bool), "")
-    add, set_lo, set_hi = h.add_linear_constraint, h.set_constraint_lower_bound, h.set_constraint_upper_bound
-    for lo, hi in zip(lp.row_lo.tolist(), lp.row_hi.tolist()):
-        k = add()
-        set_lo(k, lo)
-        set_hi(k, hi)
-    set_coef = h.set_constraint_coefficient
-    for r, c, v in zip(ri.tolist(), ci.tolist(), val.tolist()):
-        set_coef(r, c, v)
-    nz = np.flatnonzero(lp.obj)
-    h.set_objective_coefficients(nz.tolist(), lp.obj[nz].tolist())
-    h.set_maximize(lp.maximize)
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    assert solver is not None, "OR-Tools was built without GLOP"
-    error = solver.LoadModelFromProto(mbh.to_mpmodel_proto(h))
-    assert not error, error
-    status = solver.Solve()
-    if status != pywraplp.Solver.OPTIMAL:
-        raise TfplanError(f"fastlp {what}: GLOP returned status {status} instead of OPTIMAL")
-    response = linear_solver_pb2.MPSolutionResponse()
-    solver.FillSolutionResponseProto(response)
-    return LPResult(
-        objective=solver.Objective().Value(), x=np.asarray(response.variable_value), iterations=solver.iterations(),
-        wall_s=time.perf_counter() - start,
-    )
-
-
-def _coalesce(ri: np.ndarray, ci: np.ndarray, val: np.ndarray):
-    """Sum duplicate (row, col) entries and drop zeros."""
-    if len(ri) == 0:
-        return ri, ci, val
-    key = ri * (int(ci.max()) + 1) + ci
-    order = np.argsort(key, kind="stable")
-    key, ri, ci, val = key[order], ri[order], ci[order], val[order]
-    first = np.ones(len(key), dtype=bool)
-    first[1:] = key[1:] != key[:-1]
-    idx = np.flatnonzero(first)
-    sums = np.add.reduceat(val, idx)
-    keep = sums != 0.0
-    return ri[idx][keep], ci[idx][keep], sums[keep]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,7 +51,7 @@ class Compressed:
 
     Free nodes (rep[v] == v) own a start-time column; freezable free nodes own a ratio column that stands
     for `count` nodes. Rows are grouped: a precedence row whose both ends are tied belongs to the group
-    (rep_u, rep_v, off_v - off_u, lag), all other rows are groups of one (Note [periodic compression]).
+    (run_u, run_v, off_v - off_u, lag), all other rows are groups of one (Note [periodic compression]).
     """
 
     def __init__(self, g: GraphArrays, ties: Ties) -> None:
@@ -132,29 +66,36 @@ class Compressed:
         self.rcol = np.full(n, -1, dtype=np.int64)
         self.rcol[self.r_nodes] = np.arange(len(self.r_nodes))
         self.num_stages = int(g.stage.max()) + 1 if n else 0
-        # Row groups.
-        u, v, lag = g.row_u, g.row_v, g.row_lag
-        tied_row = (ties.run[u] >= 0) & (ties.run[v] >= 0)
-        lag_id = np.unique(lag, return_inverse=True)[1]
-        span = ties.off[v] - ties.off[u]
-        keys = np.stack([ties.rep[u], ties.rep[v], span, lag_id])
-        keys[:, ~tied_row] = -1
-        keys = np.vstack([keys, np.where(tied_row, -1, np.arange(len(u)))])  # untied rows: one group each
-        _, self.row_group, self.group_size = np.unique(keys, axis=1, return_inverse=True, return_counts=True)
-        self.row_group = self.row_group.ravel()
+        # Row groups: key (run_u, run_v, span, lag) for rows between tied nodes (a run has one rep).
+        u, v = g.row_u, g.row_v
+        run_u, run_v = ties.run[u], ties.run[v]
+        tied_row = (run_u >= 0) & (run_v >= 0)
+        group = np.empty(len(u), dtype=np.int64)
+        t = np.flatnonzero(tied_row)
+        sizes = np.zeros(0, dtype=np.int64)
+        if len(t):
+            span = ties.off[v[t]] - ties.off[u[t]]
+            lag_id = np.unique(g.row_lag[t], return_inverse=True)[1].ravel()
+            nrun, nspan, nlag = ties.num_runs, int(span.max() - span.min()) + 1, int(lag_id.max()) + 1
+            assert float(nrun) * nrun * nspan * nlag < 2.0**62, "fastlp: group key overflows"
+            key = ((run_u[t] * nrun + run_v[t]) * nspan + (span - span.min())) * nlag + lag_id
+            _, inv, sizes = np.unique(key, return_inverse=True, return_counts=True)
+            group[t] = inv.ravel()
+        rest = np.flatnonzero(~tied_row)  # every other row is a group of its own
+        group[rest] = len(sizes) + np.arange(len(rest))
+        self.row_group = group
+        self.group_size = np.concatenate([sizes, np.ones(len(rest), dtype=np.int64)])
         self.num_groups = len(self.group_size)
-        # Drift columns stand for run_scale * tau (the start-time change over the whole run): coefficients
-        # off / run_scale stay in [0, 1], which keeps the LP well scaled for runs of thousands of periods.
-        self.run_scale = np.ones(max(ties.num_runs, 1))
-        tied_nodes = ties.run >= 0
-        np.maximum.at(self.run_scale, ties.run[tied_nodes], ties.off[tied_nodes].astype(np.float64))
         # Phase 3 and the caps need the stage of every ratio column.
         self.r_stage = g.stage[self.r_nodes]
-        self.group_sizes_A = np.bincount(g.stage[g.frz], minlength=self.num_stages)  # |A_s|
+        self.stage_size = np.bincount(g.stage[g.frz], minlength=self.num_stages)  # |A_s|
 
 
-def tied_primal(c: Compressed, phase: Phase) -> tuple[SparseLP, dict[str, int]]:
-    """The LP with tied variables (a restriction: its optimum is >= the true one). Returns LP and column offsets."""
+def tied_primal(c: Compressed, phase: Phase) -> SparseLP:
+    """The LP with tied variables (a restriction: its optimum is >= the true one).
+
+    Columns: t per free node, tau per run, r per ratio column, T, then z per stage (phase 3).
+    """
     g, ties = c.g, c.ties
     nt, nr, ntau = len(c.free_nodes), len(c.r_nodes), ties.num_runs
     S = c.num_stages
@@ -180,7 +121,7 @@ def tied_primal(c: Compressed, phase: Phase) -> tuple[SparseLP, dict[str, int]]:
         drift = ties.off[nodes] > 0
         ri.append(rows[drift])
         ci.append(col["tau"] + ties.run[nodes[drift]])
-        val.append(sign * ties.off[nodes[drift]] / c.run_scale[ties.run[nodes[drift]]])
+        val.append(sign * ties.off[nodes[drift]].astype(np.float64))
 
     def r_terms(rows, nodes):
         f = g.frz[nodes]
@@ -206,14 +147,14 @@ def tied_primal(c: Compressed, phase: Phase) -> tuple[SparseLP, dict[str, int]]:
     hi = [np.full(nrow, INF)]
     # Caps: sum over the stage's ratio columns, each weighted by the nodes it stands for.
     weight = c.count[c.r_nodes].astype(np.float64)
-    stages = np.flatnonzero(c.group_sizes_A)
+    stages = np.flatnonzero(c.stage_size)
     cap_row = np.full(S, -1)
     cap_row[stages] = nrow + np.arange(len(stages))
     ri.append(cap_row[c.r_stage])
     ci.append(col["r"] + np.arange(nr))
     val.append(weight)
     lo.append(np.full(len(stages), -INF))
-    hi.append(phase.caps[stages] * c.group_sizes_A[stages])
+    hi.append(phase.caps[stages] * c.stage_size[stages])
     nrow += len(stages)
     obj = np.zeros(ncols)
     if phase.number == 1:
@@ -235,21 +176,36 @@ def tied_primal(c: Compressed, phase: Phase) -> tuple[SparseLP, dict[str, int]]:
         hi.append(np.full(nr, INF))
         nrow += nr
         obj[col["z"] + stages] = 1.0
+    # A run's start times may fall (looped BFS runs backwards in reverse micro-batch order): tau is free,
+    # and t >= 0 is kept for the last node of each run (t_rep >= 0 covers the first; affine in between).
+    span = np.zeros(ntau, dtype=np.int64)
+    tied = np.flatnonzero(ties.run >= 0)
+    np.maximum.at(span, ties.run[tied], ties.off[tied])
+    rows = nrow + np.arange(ntau)
+    reps = np.zeros(ntau, dtype=np.int64)
+    reps[ties.run[tied]] = ties.rep[tied]
+    ri += [rows, rows]
+    ci += [col["t"] + c.tcol[reps], col["tau"] + np.arange(ntau)]
+    val += [np.ones(ntau), span.astype(np.float64)]
+    lo.append(np.zeros(ntau))
+    hi.append(np.full(ntau, INF))
+    nrow += ntau
     lb = np.zeros(ncols)
+    lb[col["tau"]: col["tau"] + ntau] = -INF
     ub = np.full(ncols, INF)
     ub[col["r"]: col["r"] + nr] = 1.0
     ub[col["T"]] = phase.t_ub
-    lp = SparseLP(
+    return SparseLP(
         obj=obj, lb=lb, ub=ub, ri=np.concatenate(ri), ci=np.concatenate(ci), val=np.concatenate(val),
         row_lo=np.concatenate(lo), row_hi=np.concatenate(hi),
     )
-    return lp, col
 
 
-def expand_ratios(c: Compressed, x: np.ndarray, col: dict[str, int]) -> np.ndarray:
-    """Per-node ratios from a tied-primal solution (tied nodes take their representative's)."""
+def expand_ratios(c: Compressed, x: np.ndarray) -> np.ndarray:
+    """Per-node ratios from a tied-primal solution x (tied nodes take their representative's), in [0, 1]."""
     r = np.zeros(c.g.n)
-    free_r = np.clip(x[col["r"]: col["r"] + len(c.r_nodes)], 0.0, 1.0)
+    first = len(c.free_nodes) + c.ties.num_runs  # the r columns of tied_primal
+    free_r = np.clip(x[first: first + len(c.r_nodes)], 0.0, 1.0)
     per_free = np.zeros(c.g.n)
     per_free[c.r_nodes] = free_r
     frz = c.g.frz
@@ -257,38 +213,56 @@ def expand_ratios(c: Compressed, x: np.ndarray, col: dict[str, int]) -> np.ndarr
     return r
 
 
-def _distinct(owner: np.ndarray, code: np.ndarray, candidates: np.ndarray) -> np.ndarray:
-    """Among `candidates` (node ids), one node per distinct multiset {code[i] : owner[i] == node}.
+def _first_distinct(sig: np.ndarray) -> np.ndarray:
+    """Indices of the first occurrence of each distinct row of the int matrix sig, ascending. Exact: rows are
+    hashed, then every row is compared with its hash group's first row (np.unique on collisions)."""
+    if len(sig) == 0:
+        return np.zeros(0, dtype=np.int64)
+    mult = np.random.default_rng(12345).integers(1, 2**62, size=sig.shape[1], dtype=np.uint64) | np.uint64(1)
+    h = (sig.astype(np.uint64) * mult).sum(axis=1, dtype=np.uint64)
+    order = np.argsort(h, kind="stable")
+    hs = h[order]
+    new = np.ones(len(hs), dtype=bool)
+    new[1:] = hs[1:] != hs[:-1]
+    first_pos = np.maximum.accumulate(np.where(new, np.arange(len(hs)), 0))
+    if np.any(sig[order] != sig[order[first_pos]]):
+        return np.sort(np.unique(sig, axis=0, return_index=True)[1])
+    return np.sort(order[new])
 
-    Nodes outside `candidates` are not compared. Exact (no hashing): sorts padded integer signatures.
-    """
-    if len(candidates) == 0:
-        return candidates
-    sel = np.isin(owner, candidates)
-    owner, code = owner[sel], code[sel]
-    order = np.lexsort((code, owner))
-    owner, code = owner[order], code[order]
-    slot = np.zeros(len(owner), dtype=np.int64)  # position of each entry within its node's list
-    if len(owner):
-        starts = np.ones(len(owner), dtype=bool)
-        starts[1:] = owner[1:] != owner[:-1]
-        first_idx = np.maximum.accumulate(np.where(starts, np.arange(len(owner)), 0))
-        slot = np.arange(len(owner)) - first_idx
-    width = int(slot.max()) + 1 if len(slot) else 1
-    where = np.searchsorted(candidates, owner)
-    sig = np.full((len(candidates), width), -1, dtype=np.int64)
-    sig[where, slot] = code
-    _, first = np.unique(sig, axis=0, return_index=True)
-    return candidates[np.sort(first)]
+
+def _incidence(c: Compressed, sink_var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, sorted row-group ids of its in-rows and of its out-rows (sinks add their kappa column to
+    the out side), -1 padded: (n, width) int arrays."""
+    g, n = c.g, c.g.n
+    sk = g.sinks
+    owner_in, var_in = g.row_v, c.row_group
+    owner_out = np.concatenate([g.row_u, sk])
+    var_out = np.concatenate([c.row_group, sink_var])
+    mats = []
+    for owner, var in ((owner_in, var_in), (owner_out, var_out)):
+        order = np.argsort(owner, kind="stable")
+        owner, var = owner[order], var[order]
+        first = np.searchsorted(owner, np.arange(n))
+        slot = np.arange(len(owner)) - first[owner]
+        width = int(slot.max()) + 1 if len(slot) else 1
+        mat = np.full((n, width), -1, dtype=np.int64)
+        mat[owner, slot] = var
+        mats.append(np.sort(mat, axis=1))
+    return mats[0], mats[1]
 
 
 def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
-    """The dual LP with tied dual variables (a restriction of the dual: its optimum is <= the true one)."""
+    """The dual LP with tied dual variables (a restriction of the dual: its optimum is <= the true one).
+
+    Columns (all >= 0): y per row group, kappa per sink row, lambda per capped stage, mu per ratio column
+    (its r <= 1 bound), theta (T <= t_ub), rho (sum r <= r_ub) and zeta per ratio column (z_s >= r).
+    Rows: one per primal column of the full LP (t_v, r_a, T, z_s), identical rows kept once.
+    """
     g, ties = c.g, c.ties
     n, G, S = g.n, c.num_groups, c.num_stages
     nr = len(c.r_nodes)
     sk = g.sinks
-    stages = np.flatnonzero(c.group_sizes_A)
+    stages = np.flatnonzero(c.stage_size)
     stage_idx = np.full(S, -1)
     stage_idx[stages] = np.arange(len(stages))
     three = phase.number == 3
@@ -306,45 +280,40 @@ def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
     grp_rhs[c.row_group] = g.d_max[g.row_u] + g.row_lag
     obj[:G] = grp_rhs * c.group_size
     obj[col["k"]: col["l"]] = g.d_max[sk]
-    obj[col["l"]: col["mu"]] = -phase.caps[stages] * c.group_sizes_A[stages]
+    obj[col["l"]: col["mu"]] = -phase.caps[stages] * c.stage_size[stages]
     weight = c.count[c.r_nodes].astype(np.float64)
     obj[col["mu"]: col["theta"]] = -weight
     if has_theta:
         obj[col["theta"]] = -phase.t_ub
     if three:
         obj[col["rho"]] = -phase.r_ub
-    sink_col = np.full(n, -1)
-    sink_col[sk] = col["k"] + np.arange(len(sk))
-    # t-constraints: in-rows minus out-rows (minus kappa at sinks) <= 0, one per distinct signature.
-    owner = np.concatenate([g.row_v, g.row_u, sk])
-    var = np.concatenate([c.row_group, c.row_group, sink_col[sk]])
-    sign = np.concatenate([np.ones(len(g.row_v)), -np.ones(len(g.row_u)), -np.ones(len(sk))])
-    tied = np.flatnonzero(ties.rep != np.arange(n))
-    keep_t = np.union1d(np.flatnonzero(ties.rep == np.arange(n)), _distinct(owner, 2 * var + (sign > 0), tied))
+    sink_var = col["k"] + np.arange(len(sk))
+    inc_in, inc_out = _incidence(c, sink_var)
+    tied = ties.rep != np.arange(n)
     ri, ci, val, hi = [], [], [], []
-    sel = np.isin(owner, keep_t)
-    row_of = np.full(n, -1)
-    row_of[keep_t] = np.arange(len(keep_t))
-    ri.append(row_of[owner[sel]])
-    ci.append(var[sel])
-    val.append(sign[sel])
+    nrow = 0
+    # t-constraints: in-rows minus out-rows (minus kappa at sinks) <= 0; tied nodes kept once per signature.
+    cand = np.flatnonzero(tied)
+    sig = np.hstack([ties.run[cand, None], inc_in[cand], inc_out[cand]])
+    keep_t = np.union1d(np.flatnonzero(~tied), cand[_first_distinct(sig)])
+    for mat, sign in ((inc_in, 1.0), (inc_out, -1.0)):
+        rows, slots = np.nonzero(mat[keep_t] >= 0)
+        ri.append(nrow + rows)
+        ci.append(mat[keep_t][rows, slots])
+        val.append(np.full(len(rows), sign))
     hi.append(np.zeros(len(keep_t)))
-    nrow = len(keep_t)
+    nrow += len(keep_t)
     # r-constraints: delta (out-rows + kappa) - lambda_s - rho - zeta - mu <= c_r.
-    frz = np.flatnonzero(g.frz)
-    owner = np.concatenate([g.row_u, sk])
-    var = np.concatenate([c.row_group, sink_col[sk]])
-    sel = g.frz[owner]
-    owner, var = owner[sel], var[sel]
-    tied_f = frz[ties.rep[frz] != frz]
-    keep_r = np.union1d(frz[ties.rep[frz] == frz], _distinct(owner, var, tied_f))
-    row_of = np.full(n, -1)
-    row_of[keep_r] = nrow + np.arange(len(keep_r))
-    sel = np.isin(owner, keep_r)
-    ri.append(row_of[owner[sel]])
-    ci.append(var[sel])
-    val.append(g.delta[owner[sel]])
-    rows = row_of[keep_r]
+    frz = g.frz
+    cand = np.flatnonzero(tied & frz)
+    sig = np.hstack([ties.run[cand, None], inc_out[cand]])
+    keep_r = np.union1d(np.flatnonzero(~tied & frz), cand[_first_distinct(sig)])
+    out = inc_out[keep_r]
+    rows, slots = np.nonzero(out >= 0)
+    ri.append(nrow + rows)
+    ci.append(out[rows, slots])
+    val.append(g.delta[keep_r][rows])
+    rows = nrow + np.arange(len(keep_r))
     rc = c.rcol[ties.rep[keep_r]]
     ri += [rows, rows]
     ci += [col["l"] + stage_idx[g.stage[keep_r]], col["mu"] + rc]
@@ -357,7 +326,7 @@ def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
     nrow += len(rows)
     # T: sum kappa - theta <= 1 (phase 1) or 0.
     ri.append(np.full(len(sk), nrow))
-    ci.append(col["k"] + np.arange(len(sk)))
+    ci.append(sink_var)
     val.append(np.ones(len(sk)))
     if has_theta:
         ri.append(np.array([nrow]))
@@ -375,13 +344,4 @@ def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
     return SparseLP(
         obj=obj, lb=np.zeros(ncols), ub=np.full(ncols, INF), ri=np.concatenate(ri), ci=np.concatenate(ci),
         val=np.concatenate(val), row_lo=np.full(len(hi), -INF), row_hi=hi, maximize=True,
-    )
-
-
-def transpose_max(lp: SparseLP) -> SparseLP:
-    """For max b.y s.t. A y <= c, y >= 0: the equal-valued min c.x s.t. A'x >= b, x >= 0 (LP duality)."""
-    assert lp.maximize and np.all(lp.lb == 0) and np.all(np.isinf(lp.ub)) and np.all(np.isinf(lp.row_lo))
-    return SparseLP(
-        obj=lp.row_hi.copy(), lb=np.zeros(len(lp.row_hi)), ub=np.full(len(lp.row_hi), INF),
-        ri=lp.ci, ci=lp.ri, val=lp.val, row_lo=lp.obj.copy(), row_hi=np.full(len(lp.obj), INF),
     )

@@ -95,7 +95,27 @@ def target_makespan(dag: dag_mod.Dag, target_speedup: float) -> float:
     return none / target_speedup - dag.step_overhead_ms
 
 
-def solve_job(spec: JobSpec, caps: Sequence[float] | float, target_speedup: float | None = None):
+BACKENDS = ("auto", "glop", "fastlp")
+AUTO_FASTLP_ACTIONS = 5000
+"""`auto` solves DAGs with more actions than this with fastlp, smaller ones with GLOP on the full LP (the
+reference; about a second at this size on 2 cores, while fastlp's compression pays off from here on)."""
+
+
+def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
+              backend: str = "auto"):
+    """The three-phase LP by the chosen backend: "glop" (tfplan.solver, the full LP), "fastlp" (tfplan.fastlp,
+    periodic compression, same optima) or "auto" (by size, AUTO_FASTLP_ACTIONS)."""
+    from tfplan import fastlp, solver
+
+    if backend not in BACKENDS:
+        raise TfplanError(f"--solver must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "fastlp" or (backend == "auto" and dag.num_nodes > AUTO_FASTLP_ACTIONS):
+        return fastlp.solve(dag, caps, target_makespan_ms)
+    return solver.solve(dag, caps, target_makespan_ms)
+
+
+def solve_job(spec: JobSpec, caps: Sequence[float] | float, target_speedup: float | None = None,
+              backend: str = "auto"):
     """Profile + schedule -> solved Plan (the library call behind `tfplan solve`)."""
     from tfplan import plan as plan_mod
     from tfplan import solver
@@ -104,7 +124,7 @@ def solve_job(spec: JobSpec, caps: Sequence[float] | float, target_speedup: floa
     caps = solver.check_caps(caps, schedule.num_stages)
     target = None if target_speedup is None else target_makespan(dag, target_speedup)
     try:
-        solution = solver.solve(dag, caps, target_makespan_ms=target)
+        solution = solve_dag(dag, caps, target, backend)
     except solver.UnreachableTarget as exc:
         none = plan_mod.predict(dag, [0.0] * dag.num_nodes)[0].no_freeze_ms
         raise TfplanError(

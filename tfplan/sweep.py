@@ -8,10 +8,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tfplan import plan as plan_mod
-from tfplan import solver
 from tfplan.dag import build
 from tfplan.errors import TfplanError
-from tfplan.job import JobSpec, resolve_schedule
+from tfplan.job import BACKENDS, JobSpec, resolve_schedule, solve_dag
 from tfplan.profile import load
 from tfplan.schedules import get_spec
 
@@ -53,6 +52,7 @@ def sweep(
     num_ranks: int | None = None,
     layers_per_stage: Sequence[int] | None = None,
     on_row: Callable[[SweepRow], None] | None = None,
+    backend: str = "auto",
 ) -> list[SweepRow]:
     """Solve every combination; combinations a schedule cannot run are returned with `skipped` set.
 
@@ -61,6 +61,8 @@ def sweep(
     """
     profile = load(profile_path)
     check_caps_list(caps)
+    if backend not in BACKENDS:
+        raise TfplanError(f"--solver must be one of {', '.join(BACKENDS)}, got {backend!r}")
     for name in schedule_names:
         get_spec(name)  # an unknown name is the user's mistake, not a combination to skip
     rows = []
@@ -85,7 +87,7 @@ def sweep(
                         on_row(row)
                 continue
             for c in caps:
-                solution = solver.solve(dag, c)
+                solution = solve_dag(dag, c, backend=backend)
                 plan = plan_mod.make_plan(dag, solution, [c] * schedule.num_stages, profile)
                 p = plan.predicted
                 row = SweepRow(

@@ -1,0 +1,230 @@
+"""How fast the TimelyFreeze LP (METHOD.md section 4, three phases) is solved exactly at scale.
+
+Prints, measured in one run (1F1B, uniform profile F = 1, B = 2, frozen B = 1, cap 0.9):
+  (a) 1F1B 16 x 256 (8,192 actions): a straightforward GLOP model written here (pywraplp; one start
+      variable per action, one row per DAG edge, the phases of Note [three-phase LP]), phase 1 only and
+      all three phases; tfplan.solver.solve (GLOP, redundant rows dropped); tfplan.fastlp.solve (periodic
+      compression, Note [periodic compression]); speed ratios and the phase objectives side by side.
+  (b) 1F1B 32 x 512 (32,768 actions): fastlp, all three phases, wall time and peak memory (ru_maxrss of a
+      fresh process); with --glop-32, also tfplan.solver.solve (several minutes).
+  (c) a ladder up to about a million actions, each in a fresh process with a 60 s budget for fastlp.solve
+      (building the DAG is timed apart): the largest instance solved within it.
+Every fastlp plan is checked: caps kept and its re-simulated makespan equal to the phase-1 optimum.
+Times are medians of --repeats runs for the fast cases (the machine may be shared: see the load average).
+
+    python benchmarks/solver_scale.py            # about 5 minutes on 2 cores (add --glop-32: +5 minutes)
+    python benchmarks/solver_scale.py --quick    # 8 x 128 and a short ladder, under a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+try:
+    import tfplan  # noqa: F401
+except ImportError:  # running from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ortools.linear_solver import pywraplp
+
+from tfplan import dag as dag_mod
+from tfplan import fastlp, profile, schedules, solver
+from tfplan.simulate import simulate
+
+CAP = 0.9
+LADDER = [(16, 4096), (32, 4096), (16, 32768), (32, 16384), (64, 8192)]  # (ranks, micro-batches)
+QUICK_LADDER = [(8, 1024), (16, 4096)]
+BUDGET_S = 60.0
+
+
+def build(p: int, m: int) -> dag_mod.Dag:
+    return dag_mod.build(schedules.generate("1f1b", p, m), profile.uniform(p))
+
+
+def naive_glop(dag: dag_mod.Dag, phases: int) -> list[float]:
+    """The straightforward model: t_v per action, r_a per freezable action, one row per edge (all kinds, even
+    the same-stage edges the rank chain implies), one row per sink, one cap row per stage; phases as in
+    tfplan.solver (phase 2: T <= T1 (1 + 1e-9); phase 3: total <= R2 (1 + 1e-9) + 1e-9, z_s >= r_a)."""
+    s = pywraplp.Solver.CreateSolver("GLOP")
+    inf = s.infinity()
+    n = dag.num_nodes
+    t = [s.NumVar(0.0, inf, "") for _ in range(n)]
+    groups = solver.freeze_groups(dag)
+    r = {v: s.NumVar(0.0, 1.0, "") for g in groups for v in g}
+    big_t = s.NumVar(0.0, inf, "")
+
+    def row(lo: float, terms, hi: float = inf):
+        c = s.Constraint(lo, hi)
+        for var, coef in terms:
+            c.SetCoefficient(var, coef)
+        return c
+
+    def end(u: int):
+        return [(r[u], dag.d_max[u] - dag.d_min[u])] if u in r else []
+
+    has_succ = [False] * n
+    for u, v, lag, _ in dag.edges():
+        has_succ[u] = True
+        row(dag.d_max[u] + lag, [(t[v], 1.0), (t[u], -1.0), *end(u)])
+    for u in range(n):
+        if not has_succ[u]:
+            row(dag.d_max[u], [(big_t, 1.0), (t[u], -1.0), *end(u)])
+    for g, cap in zip(groups, [CAP] * len(groups)):
+        if g:
+            row(-inf, [(r[v], 1.0) for v in g], cap * len(g))
+    total = row(-inf, [(x, 1.0) for x in r.values()])
+
+    def minimise(terms) -> float:
+        obj = s.Objective()
+        obj.Clear()
+        for var, coef in terms:
+            obj.SetCoefficient(var, coef)
+        obj.SetMinimization()
+        s.SetSolverSpecificParametersAsString(solver.GLOP_PARAMS)
+        assert s.Solve() == pywraplp.Solver.OPTIMAL
+        return obj.Value()
+
+    out = [minimise([(big_t, 1.0)])]
+    if phases > 1:
+        big_t.SetUb(out[0] * (1 + solver.REL_TOL))
+        out.append(minimise([(x, 1.0) for x in r.values()]))
+        total.SetUb(out[1] * (1 + solver.REL_TOL) + solver.REL_TOL)
+        z = [s.NumVar(0.0, 1.0, "") for _ in groups]
+        for zs, g in zip(z, groups):
+            for v in g:
+                row(0.0, [(zs, 1.0), (r[v], -1.0)])
+        out.append(minimise([(zs, 1.0) for zs, g in zip(z, groups) if g]))
+    return out
+
+
+def timed(fn, repeats: int):
+    """(median seconds, last result) over `repeats` calls."""
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def check_plan(dag: dag_mod.Dag, sol: solver.Solution) -> float:
+    """Caps kept; returns the re-simulated makespan's relative excess over the phase-1 optimum."""
+    for g in solver.freeze_groups(dag):
+        if g:
+            assert sum(sol.ratios[v] for v in g) / len(g) <= CAP + 1e-7
+    return simulate(dag, sol.durations).makespan_ms / sol.makespan_ms - 1
+
+
+def _child(conn, p: int, m: int, with_glop: bool) -> None:
+    """One instance in a fresh process: (build s, fastlp s, phases, sim excess, peak MiB[, glop s, phases])."""
+    start = time.perf_counter()
+    dag = build(p, m)
+    build_s = time.perf_counter() - start
+    start = time.perf_counter()
+    sol = fastlp.solve(dag, CAP)
+    wall = time.perf_counter() - start
+    excess = check_plan(dag, sol)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out = {"build_s": build_s, "fast_s": wall, "phases": [x.objective for x in sol.phases], "excess": excess,
+           "peak_mib": peak, "actions": dag.num_nodes}
+    if with_glop:
+        start = time.perf_counter()
+        ref = solver.solve(dag, CAP)
+        out["glop_s"] = time.perf_counter() - start
+        out["glop_phases"] = [x.objective for x in ref.phases]
+        out["glop_peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    conn.send(out)
+
+
+def fresh(p: int, m: int, with_glop: bool = False, timeout: float | None = None) -> dict | None:
+    """Run _child in a new process; None if it did not finish within `timeout` seconds."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, p, m, with_glop))
+    proc.start()
+    result = parent.recv() if parent.poll(timeout) else None
+    if result is None:
+        proc.terminate()
+    proc.join()
+    return result
+
+
+def part_a(p: int, m: int, repeats: int) -> None:
+    dag = build(p, m)
+    print(f"(a) 1F1B {p} x {m}: {dag.num_nodes:,} actions, cap {CAP}")
+    rows = []
+    naive1_s, naive1 = timed(lambda: naive_glop(dag, 1), 1)
+    naive3_s, naive3 = timed(lambda: naive_glop(dag, 3), 1)
+    glop_s, glop = timed(lambda: solver.solve(dag, CAP), 1)
+    fast_s, fast = timed(lambda: fastlp.solve(dag, CAP), repeats)
+    rows.append(("straightforward GLOP, phase 1", naive1_s, naive1))
+    rows.append(("straightforward GLOP, 3 phases", naive3_s, naive3))
+    rows.append(("tfplan.solver.solve (GLOP)", glop_s, [x.objective for x in glop.phases]))
+    rows.append((f"tfplan.fastlp.solve (median of {repeats})", fast_s, [x.objective for x in fast.phases]))
+    print(f"    {'solver':<36}{'wall s':>9}{'x faster':>10}   phase objectives (T1, R2, Z3)")
+    for name, wall, objs in rows:
+        print(f"    {name:<36}{wall:>9.3f}{naive3_s / wall:>10.1f}   " + ", ".join(f"{x:.10g}" for x in objs))
+    print(f"    fastlp vs tfplan.solver: {glop_s / fast_s:.1f}x faster; fastlp phase 1 alone vs straightforward "
+          f"phase 1: {naive1_s / fast.phases[0].wall_s:.1f}x; plan re-simulated: makespan "
+          f"{check_plan(dag, fast):+.2e} relative to T1")
+
+
+def part_b(p: int, m: int, repeats: int, with_glop: bool) -> None:
+    runs = [fresh(p, m, with_glop=with_glop and i == 0) for i in range(repeats)]
+    fast = statistics.median(r["fast_s"] for r in runs)
+    first = runs[0]
+    print(f"(b) 1F1B {p} x {m}: {first['actions']:,} actions; DAG build {first['build_s']:.2f} s")
+    each = ", ".join(f"{r['fast_s']:.2f}" for r in runs)
+    peak = max(r["peak_mib"] for r in runs)
+    objs = ", ".join(f"{x:.10g}" for x in first["phases"])
+    print(f"    fastlp.solve: {fast:.2f} s (median of {repeats} fresh processes: {each}), peak memory {peak:.0f} MiB")
+    print(f"    phases {objs}; plan makespan {first['excess']:+.2e} relative to T1")
+    if "glop_s" in first:
+        agree = max(abs(a - b) / max(1, abs(b)) for a, b in zip(first["phases"], first["glop_phases"]))
+        print(f"    tfplan.solver.solve: {first['glop_s']:.1f} s, peak {first['glop_peak_mib']:.0f} MiB (same "
+              f"process), {first['glop_s'] / first['fast_s']:.0f}x slower; largest relative phase difference "
+              f"{agree:.1e}")
+
+
+def part_c(ladder: list[tuple[int, int]]) -> None:
+    print(f"(c) ladder, fresh process each, fastlp.solve budget {BUDGET_S:.0f} s (DAG build not counted)")
+    print(f"    {'instance':<16}{'actions':>11}{'build s':>9}{'fastlp s':>10}{'peak MiB':>10}   result")
+    largest = None
+    for p, m in ladder:
+        r = fresh(p, m, timeout=BUDGET_S + 60.0)
+        if r is None or r["fast_s"] > BUDGET_S:
+            wall = "> budget" if r is None else f"{r['fast_s']:.1f}"
+            print(f"    {f'{p} x {m}':<16}{p * m * 2:>11,}{'':>9}{wall:>10}{'':>10}   over {BUDGET_S:.0f} s")
+            continue
+        largest = (p, m, r)
+        print(f"    {f'{p} x {m}':<16}{r['actions']:>11,}{r['build_s']:>9.2f}{r['fast_s']:>10.2f}{r['peak_mib']:>10.0f}"
+              f"   T1 {r['phases'][0]:.10g}, plan makespan {r['excess']:+.1e} vs T1")
+    if largest:
+        p, m, r = largest
+        print(f"    largest within {BUDGET_S:.0f} s: 1F1B {p} x {m} ({r['actions']:,} actions) in {r['fast_s']:.1f} s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="8 x 128, 16 x 256, a short ladder (under a minute)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of the fast solvers (median reported)")
+    parser.add_argument("--glop-32", action="store_true", help="also run tfplan.solver.solve on 32 x 512 (minutes)")
+    args = parser.parse_args()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"TimelyFreeze LP at scale ({'quick' if args.quick else 'full'}; {os.cpu_count()} CPUs, "
+          f"load average {load:.2f} at start)")
+    part_a(*((8, 128) if args.quick else (16, 256)), args.repeats)
+    part_b(*((16, 256) if args.quick else (32, 512)), args.repeats, args.glop_32)
+    part_c(QUICK_LADDER if args.quick else LADDER)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
