@@ -7,6 +7,7 @@ failure leaves a one-line error for the launcher in OUT/errors/rank{r}.txt befor
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import os
 import sys
 import traceback
@@ -40,6 +41,7 @@ def run_worker(config: TrainConfig) -> int:
     try:
         _maybe_inject_fault(rank, -1)
         train.run(config, fault_hook=lambda step: _maybe_inject_fault(rank, step))
+        dist.barrier()  # leave together: no rank tears its group down while rank 0 still writes the outputs
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher, then exits 1
         errors = Path(config.out_dir) / "errors"
@@ -49,6 +51,10 @@ def run_worker(config: TrainConfig) -> int:
         print(f"error: rank {rank}: {line}", file=sys.stderr, flush=True)  # torchrun shows it; our launcher logs it
         return 1
     finally:
+        # Collect the schedule's reference cycles (stages, pending p2p work) while the interpreter is alive:
+        # gloo work freed during interpreter finalisation can abort the process (seen once: SIGABRT at exit,
+        # "terminate called without an active exception", after a complete run).
+        gc.collect()
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
