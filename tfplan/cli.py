@@ -12,7 +12,6 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
-from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -22,9 +21,26 @@ from rich.text import Text
 
 from tfplan import schedules
 from tfplan import simulate as simulate_mod
+from tfplan.cli_options import (
+    Backend,
+    CapsOpt,
+    JsonOpt,
+    LayersPerStageOpt,
+    MicrobatchesOpt,
+    ProfileOpt,
+    RanksOpt,
+    ScheduleCsvOpt,
+    ScheduleOpt,
+    SolverOpt,
+    StagesPerRankOpt,
+    job_spec,
+    parse_caps,
+    parse_int_list,
+    split_list,
+)
 from tfplan.errors import TfplanError
 from tfplan.fileio import write_json_atomic, write_text_atomic
-from tfplan.job import JobSpec, build
+from tfplan.job import build
 from tfplan.measured import measure_profile
 from tfplan.render import (
     gantt_panels,
@@ -74,68 +90,6 @@ def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug 
         format="%(message)s",
         handlers=[RichHandler(console=Console(stderr=True), show_time=False, show_path=False)],
         force=True,
-    )
-
-
-# Options shared by the planning commands.
-ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Profile JSON (per stage or per layer).")]
-ScheduleOpt = Annotated[str | None, typer.Option("--schedule", "-s", help="Named schedule (see `tfplan schedules`).")]
-ScheduleCsvOpt = Annotated[
-    str | None, typer.Option("--schedule-csv", help="Your own schedule as torch's compute-only CSV.")
-]
-MicrobatchesOpt = Annotated[int | None, typer.Option("--microbatches", "-m", help="Micro-batches per step.", min=1)]
-StagesPerRankOpt = Annotated[
-    int | None, typer.Option("--stages-per-rank", help="Stages per rank V for multi-stage schedules.", min=1)
-]
-RanksOpt = Annotated[
-    int | None, typer.Option("--ranks", help="Pipeline ranks (needed for a per-layer profile).", min=1)
-]
-LayersPerStageOpt = Annotated[
-    str | None,
-    typer.Option("--layers-per-stage", help="Per-layer profile split, comma-separated (default: balanced by time)."),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")]
-
-
-class Backend(StrEnum):
-    """--solver choices (tfplan.job.BACKENDS)."""
-
-    auto = "auto"
-    glop = "glop"
-    fastlp = "fastlp"
-
-
-SolverOpt = Annotated[
-    Backend,
-    typer.Option(
-        "--solver",
-        help="LP backend: glop (full LP, the reference), fastlp (periodic compression, same optima, for large "
-        "plans) or auto (fastlp above 5,000 actions).",
-    ),
-]
-
-
-def parse_int_list(text: str | None, option: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise TfplanError(f"{option}: expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise TfplanError(f"{option}: expected comma-separated integers, got an empty list")
-    return values
-
-
-def job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage) -> JobSpec:
-    return JobSpec(
-        profile_path=profile,
-        schedule=schedule,
-        schedule_csv=schedule_csv,
-        num_microbatches=microbatches,
-        stages_per_rank=stages_per_rank,
-        num_ranks=ranks,
-        layers_per_stage=parse_int_list(layers_per_stage, "--layers-per-stage"),
     )
 
 
@@ -258,23 +212,6 @@ def show_schedule_cmd(
             out().print(f"CSV written to {csv_path}")
 
 
-CapsOpt = Annotated[
-    str,
-    typer.Option(
-        "--max-freeze-ratio",
-        "-c",
-        help="Cap on each stage's mean freeze ratio: one value, or one per stage comma-separated.",
-    ),
-]
-
-
-def parse_caps(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise TfplanError(f"--max-freeze-ratio: expected numbers (e.g. 0.9 or 0.9,0.8,0.7,0.6), got {text!r}") from None
-
-
 @app.command("solve")
 def solve_cmd(
     profile: ProfileOpt,
@@ -342,16 +279,6 @@ def show_cmd(
             out().print(f"trace written to {trace} (open in https://ui.perfetto.dev)")
 
 
-def _split(text: str, option: str, kind: type) -> list:
-    try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise TfplanError(f"{option}: expected a comma-separated list, got {text!r}") from None
-    if not values:
-        raise TfplanError(f"{option}: empty list")
-    return values
-
-
 @app.command("whatif")
 def whatif_cmd(
     profile: ProfileOpt,
@@ -379,11 +306,11 @@ def whatif_cmd(
     from tfplan.render import sweep_table
 
     with user_errors():
-        names = _split(schedules_list, "--schedules", str)
+        names = split_list(schedules_list, "--schedules", str)
         for name in names:
             schedules.get_spec(name)
-        counts = _split(microbatches, "--microbatches", int)
-        cap_values = _split(caps, "--caps", float)
+        counts = split_list(microbatches, "--microbatches", int)
+        cap_values = split_list(caps, "--caps", float)
         sweep_mod.check_caps_list(cap_values)
         from tfplan.profile import load
 

@@ -1,0 +1,94 @@
+"""The options the planning commands share (typer Annotated types) and the parsers of their values.
+
+A parse error is the user's: TfplanError, which tfplan.cli.user_errors turns into one line and exit code 1.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from tfplan.errors import TfplanError
+from tfplan.job import JobSpec
+
+ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Profile JSON (per stage or per layer).")]
+ScheduleOpt = Annotated[str | None, typer.Option("--schedule", "-s", help="Named schedule (see `tfplan schedules`).")]
+ScheduleCsvOpt = Annotated[
+    str | None, typer.Option("--schedule-csv", help="Your own schedule as torch's compute-only CSV.")
+]
+MicrobatchesOpt = Annotated[int | None, typer.Option("--microbatches", "-m", help="Micro-batches per step.", min=1)]
+StagesPerRankOpt = Annotated[
+    int | None, typer.Option("--stages-per-rank", help="Stages per rank V for multi-stage schedules.", min=1)
+]
+RanksOpt = Annotated[
+    int | None, typer.Option("--ranks", help="Pipeline ranks (needed for a per-layer profile).", min=1)
+]
+LayersPerStageOpt = Annotated[
+    str | None,
+    typer.Option("--layers-per-stage", help="Per-layer profile split, comma-separated (default: balanced by time)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")]
+
+
+class Backend(StrEnum):
+    """--solver choices (tfplan.job.BACKENDS)."""
+
+    auto = "auto"
+    glop = "glop"
+    fastlp = "fastlp"
+
+
+SolverOpt = Annotated[
+    Backend,
+    typer.Option(
+        "--solver",
+        help="LP backend: glop (full LP, the reference), fastlp (periodic compression, same optima, for large "
+        "plans) or auto (fastlp above 5,000 actions).",
+    ),
+]
+
+
+def parse_int_list(text: str | None, option: str) -> list[int] | None:
+    """An optional comma-separated list of integers (None when the option is not given)."""
+    return None if text is None else split_list(text, option, int)
+
+
+def job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage) -> JobSpec:
+    return JobSpec(
+        profile_path=profile,
+        schedule=schedule,
+        schedule_csv=schedule_csv,
+        num_microbatches=microbatches,
+        stages_per_rank=stages_per_rank,
+        num_ranks=ranks,
+        layers_per_stage=parse_int_list(layers_per_stage, "--layers-per-stage"),
+    )
+
+
+CapsOpt = Annotated[
+    str,
+    typer.Option(
+        "--max-freeze-ratio",
+        "-c",
+        help="Cap on each stage's mean freeze ratio: one value, or one per stage comma-separated.",
+    ),
+]
+
+
+def parse_caps(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TfplanError(f"--max-freeze-ratio: expected numbers (e.g. 0.9 or 0.9,0.8,0.7,0.6), got {text!r}") from None
+
+
+def split_list(text: str, option: str, kind: type) -> list:
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TfplanError(f"{option}: expected a comma-separated list, got {text!r}") from None
+    if not values:
+        raise TfplanError(f"{option}: empty list")
+    return values
