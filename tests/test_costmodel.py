@@ -9,11 +9,12 @@ from types import SimpleNamespace
 import pytest
 
 from tfplan import costmodel as cm
+from tfplan import hardware as hw
 from tfplan import profile as prof
 from tfplan.errors import TfplanError
 
 # A made-up shape to count by hand: d=64, 2 blocks, 4 query heads of 16, 2 kv heads, f=128, V=100.
-TOY = cm.ModelShape(name="toy", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+TOY = hw.ModelShape(name="toy", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                     intermediate_size=128, vocab_size=100)
 B, T = 2, 8  # 16 tokens
 
@@ -72,7 +73,7 @@ def test_six_n_d_rule_for_8b():
     Rule of thumb: 6 N D + attention overestimates because it charges the embedding table (a lookup, no
     matmul) like a weight matrix: 525.3M of 8030.3M parameters, 6.5%. Hence the 7% tolerance.
     """
-    m, tokens = cm.get_model("llama3-8b"), 4 * 2048
+    m, tokens = hw.get_model("llama3-8b"), 4 * 2048
     flops = cm.step_flops(m, 4, 2048)
     # Causal attention forward per block: 2 matmuls x 2 x heads x head_dim x B x T(T+1)/2 = 2 d B T (T+1).
     attention = 3 * m.num_layers * 2 * m.hidden_size * 4 * 2048 * 2049
@@ -108,26 +109,26 @@ def test_parameter_counts_exact():
      ("LLAMA3.2-3B", "llama3.2-3b"), ("llama3-70b", "llama3.1-70b")],
 )
 def test_model_aliases(alias, canonical):
-    assert cm.get_model(alias) is cm.MODELS[canonical]
+    assert hw.get_model(alias) is hw.MODELS[canonical]
 
 
 def test_gpu_and_link_names():
     for alias, name in [("A100", "a100"), ("a100-sxm4-80gb", "a100"), ("H100 SXM", "h100"),
                         ("NVIDIA H200", "h200"), ("nvidia-h200", "h200"), ("h200", "h200")]:
-        assert cm.get_gpu(alias).name == name
-    assert cm.get_link("nvlink", "a100").name == "nvlink3"
-    assert cm.get_link("nvlink", "h100").name == cm.get_link("NVLink", "h200").name == "nvlink4"
-    assert cm.get_link("pcie", "a100").gb_per_s == 32.0
-    assert cm.get_link("ib", "h200").name == cm.get_link("InfiniBand", "h100").name == "ib-ndr"
-    assert cm.get_link("ib-hdr", "h100").gb_per_s == 25.0  # a specific generation overrides the GPU's
+        assert hw.get_gpu(alias).name == name
+    assert hw.get_link("nvlink", "a100").name == "nvlink3"
+    assert hw.get_link("nvlink", "h100").name == hw.get_link("NVLink", "h200").name == "nvlink4"
+    assert hw.get_link("pcie", "a100").gb_per_s == 32.0
+    assert hw.get_link("ib", "h200").name == hw.get_link("InfiniBand", "h100").name == "ib-ndr"
+    assert hw.get_link("ib-hdr", "h100").gb_per_s == 25.0  # a specific generation overrides the GPU's
 
 
 @pytest.mark.parametrize(
     ("call", "listed"),
     [
-        (lambda: cm.get_model("gpt-5"), ["llama3.2-1b", "llama3.1-70b", "llama3-8b"]),
-        (lambda: cm.get_gpu("v100"), ["a100", "h100", "h200"]),
-        (lambda: cm.get_link("ethernet", "h100"), ["nvlink3", "pcie5", "ib-ndr"]),
+        (lambda: hw.get_model("gpt-5"), ["llama3.2-1b", "llama3.1-70b", "llama3-8b"]),
+        (lambda: hw.get_gpu("v100"), ["a100", "h100", "h200"]),
+        (lambda: hw.get_link("ethernet", "h100"), ["nvlink3", "pcie5", "ib-ndr"]),
         (lambda: cm.analytic_profile("llama3-8b", "mi300x", 1, 2048), ["a100", "h100", "h200"]),
     ],
 )
@@ -143,16 +144,16 @@ def test_unknown_names_list_the_known_ones(call, listed):
 def test_custom_shape_objects():
     hf = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
           "intermediate_size": 128, "vocab_size": 100, "model_type": "toy"}
-    assert cm.get_model(hf) == TOY
+    assert hw.get_model(hf) == TOY
     titan = SimpleNamespace(name="toy", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
                             vocab_size=100)
     assert cm.layer_work(titan, B, T) == cm.layer_work(TOY, B, T)
-    mha = cm.get_model(SimpleNamespace(dim=64, n_layers=1, n_heads=4, ffn_dim=128, vocab_size=10))
+    mha = hw.get_model(SimpleNamespace(dim=64, n_layers=1, n_heads=4, ffn_dim=128, vocab_size=10))
     assert mha.num_kv_heads == 4 and mha.name == "custom"
     with pytest.raises(TfplanError, match="intermediate_size"):
-        cm.get_model(SimpleNamespace(dim=64, n_layers=1, n_heads=4, vocab_size=10))
+        hw.get_model(SimpleNamespace(dim=64, n_layers=1, n_heads=4, vocab_size=10))
     with pytest.raises(TfplanError, match="divide"):
-        cm.get_model(SimpleNamespace(dim=64, n_layers=1, n_heads=5, ffn_dim=8, vocab_size=10))
+        hw.get_model(SimpleNamespace(dim=64, n_layers=1, n_heads=5, ffn_dim=8, vocab_size=10))
 
 
 def test_times_from_flops_and_bytes():

@@ -390,10 +390,10 @@ def profile_cmd(
 
     with user_errors():
         if analytic:
-            from tfplan import costmodel
+            from tfplan import costmodel, hardware
 
             if model is None:
-                raise TfplanError(f"--analytic needs --model; known: {', '.join(costmodel.MODELS)}")
+                raise TfplanError(f"--analytic needs --model; known: {', '.join(hardware.MODELS)}")
             kwargs = {"mfu": mfu} if mfu is not None else {}
             prof = costmodel.analytic_profile(model, gpu, microbatch_size, seq_len, link=link, **kwargs)
             if not per_layer:
