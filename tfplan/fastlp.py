@@ -47,15 +47,19 @@ Note [LP tolerance]
   without presolve and with primal feasibility 1e-10 (PLAN_PARAMS) they stayed within 1.00002e-9, but that
   solve is about twice as slow on the large tied LPs. So every LP is first solved fast: small ones with
   solver.GLOP_PARAMS (1e-10, as cheap as the default there), large ones with GLOP's default (ten times faster
-  on some 8000-column tied LPs). Phase 2's tied primal uses the dual simplex (2-5x faster than primal on
-  every instance measured, uniform and heterogeneous 1F1B, interleaved, ZB, ZBV; on the other LPs it was
-  slower or mixed). Precision is bought only where it is missing: a gap U - L that misses GAP_TOL by a
-  little (up to SANE_GAP) is first re-tried with the tied primal polished by PLAN_PARAMS (a presolved U once
-  came out 1.4e-9 relative above the optimum), and a plan past T1 (1 + SIM_TOL) is re-solved with
+  on some 8000-column tied LPs). The tied primal of phases 2 and 3 uses the dual simplex. Measured (seconds,
+  primal simplex -> dual simplex): phase 2, 2-5x faster on every instance tried (uniform and heterogeneous
+  1F1B, interleaved, ZB, ZBV); phase 3 on uniform 1F1B 32 x M, erratic with the primal simplex and steady
+  with the dual (M = 512: 0.77 -> 0.90, 1024: 0.82 -> 0.93, 2048: 5.0 -> 1.05, 4096: 0.96 -> 1.05, 16384:
+  12.7 -> 1.1), heterogeneous 1F1B 32 x 512 1.6 -> 0.66, but interleaved 1F1B 16 x 256 (heterogeneous)
+  6.7 -> 13.4. We take the steady one. The tied dual keeps the primal simplex (the dual simplex was slower
+  there on every instance). Precision is bought only where it is missing: a gap U - L that misses GAP_TOL
+  by a little (up to SANE_GAP) is first re-tried with the tied primal polished by PLAN_PARAMS (a presolved
+  U once came out 1.4e-9 relative above the optimum), and a plan past T1 (1 + SIM_TOL) is re-solved with
   PLAN_PARAMS, then RETRY_PARAMS and, up to UNTIE_LIMIT actions, on the full LP; the first that fits is kept.
   Side by side on 11 instances (1F1B, GPipe, interleaved, ZB, ZBV, DualPipeV; up to 32,768 actions) this
-  took 28 s in all against 71 s with the earlier settings (PLAN_PARAMS for every phase-3 primal, primal
-  simplex in phase 2), with the same objectives to 10 digits; uniform 1F1B 32 x 512 went from 3.1 to 1.4 s.
+  took 32 s in all against 71 s with the earlier settings (PLAN_PARAMS for every phase-3 primal, primal
+  simplex throughout), with the same objectives to 10 digits.
   GLOP may call a tied LP IMPRECISE (dual tolerance missed; weights of thousands of tied actions in the
   objective do that): any primal-feasible point is a valid bound, so we take it and let U - L judge. A
   small tied primal once came out 6e-9 (relative) below the true phase-2 optimum, so each phase carries
@@ -287,7 +291,7 @@ def _solve_lp(lp: SparseLP, tied: bool, dual_simplex: bool = False, precise: boo
 
     A tied LP only has to give a bound: a primal-feasible point is enough, so GLOP's IMPRECISE (dual
     tolerance missed, which weights of thousands of tied actions can cause) counts as a result there.
-    dual_simplex: for phase 2's tied primal; precise: PLAN_PARAMS, to polish a bound (Note [LP tolerance]).
+    dual_simplex: for the tied primal of phases 2-3; precise: PLAN_PARAMS, to polish a bound (Note [LP tolerance]).
     """
     params = PLAN_PARAMS if precise else GLOP_PARAMS if len(lp.obj) <= TIGHT_COLUMNS else ""
     if dual_simplex:
@@ -310,7 +314,7 @@ def _certified(phase: Phase, margins: _Margins) -> tuple[PhaseResult, LPResult, 
         while True:
             c = margins.compressed(margin)
             exact = c.ties.num_tied == 0  # the tied primal is then the full LP
-            upper_job = pool.submit(_solve_lp, tied_primal(c, phase), not exact, phase.number == 2)
+            upper_job = pool.submit(_solve_lp, tied_primal(c, phase), not exact, phase.number >= 2)
             lower = None if exact else _solve_lp(tied_dual(c, phase), True)
             upper = upper_job.result()
             iterations += (upper.iterations if upper else 0) + (lower.iterations if lower else 0)
