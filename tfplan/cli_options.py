@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from tfplan.errors import TfplanError
-from tfplan.job import JobSpec
+from tfplan.job import AUTO_FASTLP_ACTIONS, JobSpec
 
 ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Profile JSON (per stage or per layer).")]
 ScheduleOpt = Annotated[str | None, typer.Option("--schedule", "-s", help="Named schedule (see `tfplan schedules`).")]
@@ -45,7 +45,7 @@ SolverOpt = Annotated[
     typer.Option(
         "--solver",
         help="LP backend: glop (full LP, the reference), fastlp (periodic compression, same optima, for large "
-        "plans) or auto (fastlp above 5,000 actions).",
+        f"plans) or auto (fastlp above {AUTO_FASTLP_ACTIONS:,} actions).",
     ),
 ]
 

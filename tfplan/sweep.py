@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tfplan import plan as plan_mod
 from tfplan.dag import build
 from tfplan.errors import TfplanError
-from tfplan.job import BACKENDS, JobSpec, resolve_schedule, solve_dag
+from tfplan.job import JobSpec, check_backend, resolve_schedule, solve_dag
 from tfplan.profile import load
 from tfplan.schedules import get_spec
 
@@ -61,8 +61,7 @@ def sweep(
     """
     profile = load(profile_path)
     check_caps_list(caps)
-    if backend not in BACKENDS:
-        raise TfplanError(f"--solver must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    check_backend(backend)
     for name in schedule_names:
         get_spec(name)  # an unknown name is the user's mistake, not a combination to skip
     rows = []
