@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import zlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -111,7 +112,8 @@ COMPRESSED = [
 @pytest.mark.parametrize("cap", [0.0, 0.5, 0.9, 1.0])
 def test_agrees_with_glop_where_micro_batches_repeat(name: str, p: int, m: int, v: int | None, cap: float) -> None:
     sched = schedules.generate(name, p, m, v)
-    dag = dag_mod.build(sched, _random_profile(sched.num_stages, seed=hash((name, cap)) % 1000, p2p_ms=0.07))
+    seed = zlib.crc32(f"{name}-{cap}".encode()) % 1000  # not hash(): str hashes change from run to run
+    dag = dag_mod.build(sched, _random_profile(sched.num_stages, seed=seed, p2p_ms=0.07))
     g = GraphArrays.from_dag(dag)
     ties = Runs.detect(g).ties(g.n, (sched.num_stages, sched.num_stages))
     assert ties.num_tied > g.n // 3, "the test instance should exercise the compression"
@@ -208,7 +210,7 @@ def test_tied_lps_sandwich_the_optimum_for_any_ties(margin: int) -> None:
 @pytest.mark.parametrize("name", list(schedules.SCHEDULES))
 def test_rows_are_the_solver_rows(name: str) -> None:
     spec = schedules.get_spec(name)
-    sched = schedules.generate(name, 3, 12 if name != "dualpipev" else 12, spec.default_stages_per_rank)
+    sched = schedules.generate(name, 3, 12, spec.default_stages_per_rank)
     dag = dag_mod.build(sched, profile.uniform(sched.num_stages, p2p_ms=0.2))
     g = GraphArrays.from_dag(dag)
     rows, sinks = solver.precedence_rows(dag)

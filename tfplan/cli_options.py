@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from tfplan.errors import TfplanError
-from tfplan.job import AUTO_FASTLP_ACTIONS, JobSpec
+from tfplan.job import AUTO_FASTLP_ACTIONS, BACKENDS, JobSpec
 
 ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Profile JSON (per stage or per layer).")]
 ScheduleOpt = Annotated[str | None, typer.Option("--schedule", "-s", help="Named schedule (see `tfplan schedules`).")]
@@ -32,12 +32,8 @@ LayersPerStageOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")]
 
 
-class Backend(StrEnum):
-    """--solver choices (tfplan.job.BACKENDS)."""
-
-    auto = "auto"
-    glop = "glop"
-    fastlp = "fastlp"
+Backend = StrEnum("Backend", {name: name for name in BACKENDS})
+"""--solver choices: tfplan.job.BACKENDS."""
 
 
 SolverOpt = Annotated[
