@@ -35,7 +35,7 @@ except ImportError:  # running from a checkout without installing
 from ortools.linear_solver import pywraplp
 
 from tfplan import dag as dag_mod
-from tfplan import fastlp, profile, schedules, solver
+from tfplan import fastlp, lp, profile, schedules, solver
 from tfplan.simulate import simulate
 
 CAP = 0.9
@@ -51,12 +51,13 @@ def build(p: int, m: int) -> dag_mod.Dag:
 def naive_glop(dag: dag_mod.Dag, phases: int) -> list[float]:
     """The straightforward model: t_v per action, r_a per freezable action, one row per edge (all kinds, even
     the same-stage edges the rank chain implies), one row per sink, one cap row per stage; phases as in
-    tfplan.solver (phase 2: T <= T1 (1 + 1e-9); phase 3: total <= R2 (1 + 1e-9) + 1e-9, z_s >= r_a)."""
+    tfplan.lp (phase 2: T <= T1 (1 + 1e-9); phase 3: total <= R2 (1 + 1e-9) + 1e-9 and min sum_a |r_a - mu_s|
+    with both rows e_a >= +-(r_a - mu_s) per action, as METHOD.md writes it)."""
     s = pywraplp.Solver.CreateSolver("GLOP")
     inf = s.infinity()
     n = dag.num_nodes
     t = [s.NumVar(0.0, inf, "") for _ in range(n)]
-    groups = solver.freeze_groups(dag)
+    groups = dag.freeze_groups()
     r = {v: s.NumVar(0.0, 1.0, "") for g in groups for v in g}
     big_t = s.NumVar(0.0, inf, "")
 
@@ -87,20 +88,25 @@ def naive_glop(dag: dag_mod.Dag, phases: int) -> list[float]:
         for var, coef in terms:
             obj.SetCoefficient(var, coef)
         obj.SetMinimization()
-        s.SetSolverSpecificParametersAsString(solver.GLOP_PARAMS)
+        s.SetSolverSpecificParametersAsString(lp.GLOP_PARAMS)
         assert s.Solve() == pywraplp.Solver.OPTIMAL
         return obj.Value()
 
     out = [minimise([(big_t, 1.0)])]
     if phases > 1:
-        big_t.SetUb(out[0] * (1 + solver.REL_TOL))
+        big_t.SetUb(lp.makespan_bound(out[0], None))
         out.append(minimise([(x, 1.0) for x in r.values()]))
-        total.SetUb(out[1] * (1 + solver.REL_TOL) + solver.REL_TOL)
-        z = [s.NumVar(0.0, 1.0, "") for _ in groups]
-        for zs, g in zip(z, groups):
-            for v in g:
-                row(0.0, [(zs, 1.0), (r[v], -1.0)])
-        out.append(minimise([(zs, 1.0) for zs, g in zip(z, groups) if g]))
+        total.SetUb(lp.total_bound(out[1]))
+        e = {}
+        for g in groups:
+            if g:
+                mu = s.NumVar(0.0, inf, "")
+                row(0.0, [(mu, float(len(g))), *((r[v], -1.0) for v in g)], 0.0)
+                for v in g:
+                    e[v] = s.NumVar(0.0, inf, "")
+                    row(0.0, [(e[v], 1.0), (r[v], -1.0), (mu, 1.0)])
+                    row(0.0, [(e[v], 1.0), (r[v], 1.0), (mu, -1.0)])
+        out.append(minimise([(x, 1.0) for x in e.values()]))
     return out
 
 
@@ -114,12 +120,18 @@ def timed(fn, repeats: int):
     return statistics.median(times), result
 
 
-def check_plan(dag: dag_mod.Dag, sol: solver.Solution) -> float:
-    """Caps kept; returns the re-simulated makespan's relative excess over the phase-1 optimum."""
-    for g in solver.freeze_groups(dag):
+def check_plan(dag: dag_mod.Dag, sol: lp.Solution) -> float:
+    """Certified and caps kept; returns the re-simulated makespan's relative excess over the phase-1 optimum."""
+    assert sol.status == "OPTIMAL", [(p.name, p.status, p.gap) for p in sol.phases]
+    for g in dag.freeze_groups():
         if g:
-            assert sum(sol.ratios[v] for v in g) / len(g) <= CAP + 1e-7
+            assert sum(sol.ratios[v] for v in g) / len(g) <= CAP + lp.CAP_TOL
     return simulate(dag, sol.durations).makespan_ms / sol.makespan_ms - 1
+
+
+def rel_gap(sol: lp.Solution) -> float:
+    """The largest certified gap of a fastlp solution, relative (Note [LP certificate])."""
+    return max(p.gap / max(1.0, abs(p.objective)) for p in sol.phases)
 
 
 def _child(conn, p: int, m: int, with_glop: bool) -> None:
@@ -133,7 +145,7 @@ def _child(conn, p: int, m: int, with_glop: bool) -> None:
     excess = check_plan(dag, sol)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out = {"build_s": build_s, "fast_s": wall, "phases": [x.objective for x in sol.phases], "excess": excess,
-           "peak_mib": peak, "actions": dag.num_nodes}
+           "peak_mib": peak, "actions": dag.num_nodes, "gap": rel_gap(sol)}
     if with_glop:
         start = time.perf_counter()
         ref = solver.solve(dag, CAP)
@@ -168,12 +180,15 @@ def part_a(p: int, m: int, repeats: int) -> None:
     rows.append(("straightforward GLOP, 3 phases", naive3_s, naive3))
     rows.append(("tfplan.solver.solve (GLOP)", glop_s, [x.objective for x in glop.phases]))
     rows.append((f"tfplan.fastlp.solve (median of {repeats})", fast_s, [x.objective for x in fast.phases]))
-    print(f"    {'solver':<36}{'wall s':>9}{'x faster':>10}   phase objectives (T1, R2, Z3)")
+    print(f"    {'solver':<36}{'wall s':>9}{'x faster':>10}   phase objectives (T1, R2, E3)")
     for name, wall, objs in rows:
         print(f"    {name:<36}{wall:>9.3f}{naive3_s / wall:>10.1f}   " + ", ".join(f"{x:.10g}" for x in objs))
+    agree = max(abs(a.objective - b.objective) / max(1.0, abs(b.objective)) for a, b in zip(fast.phases, glop.phases))
     print(f"    fastlp vs tfplan.solver: {glop_s / fast_s:.1f}x faster; fastlp phase 1 alone vs straightforward "
           f"phase 1: {naive1_s / fast.phases[0].wall_s:.1f}x; plan re-simulated: makespan "
           f"{check_plan(dag, fast):+.2e} relative to T1")
+    print(f"    phase values fastlp vs GLOP: largest relative difference {agree:.1e}; fastlp's certified gaps <= "
+          f"{rel_gap(fast):.1e} (relative)")
 
 
 def part_b(p: int, m: int, repeats: int, with_glop: bool) -> None:
@@ -185,7 +200,8 @@ def part_b(p: int, m: int, repeats: int, with_glop: bool) -> None:
     peak = max(r["peak_mib"] for r in runs)
     objs = ", ".join(f"{x:.10g}" for x in first["phases"])
     print(f"    fastlp.solve: {fast:.2f} s (median of {repeats} fresh processes: {each}), peak memory {peak:.0f} MiB")
-    print(f"    phases {objs}; plan makespan {first['excess']:+.2e} relative to T1")
+    print(f"    phases {objs}; certified gap <= {max(r['gap'] for r in runs):.1e} (relative); plan makespan "
+          f"{first['excess']:+.2e} relative to T1")
     if "glop_s" in first:
         agree = max(abs(a - b) / max(1, abs(b)) for a, b in zip(first["phases"], first["glop_phases"]))
         print(f"    tfplan.solver.solve: {first['glop_s']:.1f} s, peak {first['glop_peak_mib']:.0f} MiB (same "
@@ -205,7 +221,7 @@ def part_c(ladder: list[tuple[int, int]]) -> None:
             continue
         largest = (p, m, r)
         print(f"    {f'{p} x {m}':<16}{r['actions']:>11,}{r['build_s']:>9.2f}{r['fast_s']:>10.2f}{r['peak_mib']:>10.0f}"
-              f"   T1 {r['phases'][0]:.10g}, plan makespan {r['excess']:+.1e} vs T1")
+              f"   T1 {r['phases'][0]:.10g}, gap <= {r['gap']:.0e}, plan makespan {r['excess']:+.1e} vs T1")
     if largest:
         p, m, r = largest
         print(f"    largest within {BUDGET_S:.0f} s: 1F1B {p} x {m} ({r['actions']:,} actions) in {r['fast_s']:.1f} s")

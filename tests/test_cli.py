@@ -187,10 +187,10 @@ def test_solve_json() -> None:
 
 
 @pytest.mark.parametrize(
-    "name, m, auto", [("1f1b", 256, "glop"), ("interleaved-1f1b", 64, "glop"), ("1f1b", 700, "fastlp")]
+    "name, m, auto", [("1f1b", 256, "glop"), ("interleaved-1f1b", 64, "glop"), ("1f1b", 320, "fastlp")]
 )
 def test_solve_backends_agree(name: str, m: int, auto: str) -> None:
-    """--solver glop and fastlp give the same plan; auto picks by size (job.AUTO_FASTLP_ACTIONS)."""
+    """--solver glop and fastlp give the same plan (and phase values); auto picks by size (AUTO_FASTLP_ACTIONS)."""
     from tfplan.job import AUTO_FASTLP_ACTIONS
 
     actions = schedules.generate(name, 4 if name == "1f1b" else 2, m).num_actions
@@ -202,6 +202,8 @@ def test_solve_backends_agree(name: str, m: int, auto: str) -> None:
         assert got[b]["planned_ms"] == pytest.approx(got["glop"]["planned_ms"], rel=1e-9)
         total = sum(got[b]["mean_freeze_ratio"])
         assert total == pytest.approx(sum(got["glop"]["mean_freeze_ratio"]), rel=1e-6)
+        phases = [p["objective"] for p in got[b]["solver"]["phases"]]
+        assert phases == pytest.approx([p["objective"] for p in got["glop"]["solver"]["phases"]], rel=1e-6)
 
 
 def test_solve_per_stage_caps() -> None:
@@ -346,7 +348,25 @@ def _bad_inputs(tmp) -> list[tuple[str, list, str]]:
         ("missing csv", [*sim, "-p", UNIFORM, "--schedule-csv", tmp / "none.csv"], "schedule CSV not found"),
         ("show-schedule", ["show-schedule", "-s", "1f1b", "--ranks", 4, "-m", 2, "--csv", csv_out], "1f1b needs"),
         ("show missing plan", ["show", tmp / "none.json", "--trace", trace], "plan not found"),
+        ("time limit zero", [*solve, *TOY, "--time-limit", 0], "--time-limit: must be a positive number of seconds"),
+        ("whatif time limit", [*whatif, "-p", UNIFORM, "--time-limit", -1], "--time-limit: must be a positive"),
+        (
+            "time limit reached",
+            [*solve, "-p", UNIFORM, "-s", "1f1b", "-m", 1024, "--solver", "fastlp", "--time-limit", 0.001],
+            r"--time-limit: no feasible plan within 0\.001 s \(fastlp\)",
+        ),
+        ("show solver section", ["show", _plan_lacking(tmp, "lp_makespan_ms")], r"solver\.lp_makespan_ms: missing"),
     ]
+
+
+def _plan_lacking(tmp, key: str):
+    """A plan file whose solver section lacks `key` (before issue 9, `tfplan show` died of a KeyError)."""
+    path = tmp / "in" / "plan.json"
+    ok("solve", *TOY, "-o", path)
+    obj = json.loads(path.read_text())
+    del obj["solver"][key]
+    path.write_text(json.dumps(obj))
+    return path
 
 
 def test_bad_input_cases_are_all_distinct(tmp_path) -> None:
@@ -381,6 +401,10 @@ BAD_IDS = [
     "missing csv",
     "show-schedule",
     "show missing plan",
+    "time limit zero",
+    "whatif time limit",
+    "time limit reached",
+    "show solver section",
 ]
 
 

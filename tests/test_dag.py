@@ -3,6 +3,7 @@ deadlock (cycle) detection naming the actions."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import networkx as nx
@@ -191,6 +192,19 @@ def test_durations_per_kind_and_freezability() -> None:
     assert dag.durations(0.5) == [1.0, 1.5, 1.0, 1.5, 0.25]
     assert dag.durations([1.0, 0.5, 1.0, 1.0, 1.0]) == [1.0, 1.5, 1.0, 1.5, 0.0]
     assert dag.durations() == dag.d_max
+
+
+def test_freeze_groups_hold_what_freezing_can_shorten() -> None:
+    # Note [freeze groups]: B and W whose frozen duration is below the unfrozen one, per stage; here stage 1's W
+    # cannot be shortened (frozen W = W), so 1W* are neither frozen nor counted.
+    base = _hetero(2)
+    stiff = dataclasses.replace(base.stages[1], backward_weight_frozen_ms=base.stages[1].backward_weight_ms)
+    prof = Profile(name="s", p2p_ms=0.0, stages=(base.stages[0], stiff))
+    dag = dag_mod.build(schedules.generate("interleaved-zb", 1, 2, 2), prof)
+    names = [[str(dag.actions[v]) for v in g] for g in dag.freeze_groups()]
+    assert names == [["0W0", "0W1"], []]
+    assert [str(a) for a, ok in zip(dag.actions, dag.freeze_mask()) if ok] == ["0W0", "0W1"]
+    assert all(dag.freezable[v] for v in range(dag.num_nodes) if dag.actions[v].kind == "W")
 
 
 def test_topological_order_is_valid() -> None:

@@ -1,5 +1,6 @@
 """Plan files: write -> load round trip (JSON + schedule CSV), predictions reproduced by the simulator,
-deterministic bytes, load errors naming the field."""
+deterministic bytes, load errors naming the field, the typed solver section, version-1 plans, every solver's
+plan loads, loading without OR-Tools."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ import json
 import os
 import re
 import stat
+import subprocess
+import sys
 
 import pytest
 
 from tests.conftest import PROFILES
 from tfplan import dag as dag_mod
+from tfplan import lp, profile, schedules, solver
 from tfplan import plan as plan_mod
-from tfplan import profile, schedules, solver
 from tfplan.errors import TfplanError
-from tfplan.job import JobSpec, solve_job
+from tfplan.job import JobSpec, solve_dag, solve_job
 from tfplan.profile import Profile
 from tfplan.simulate import simulate
 
@@ -65,7 +68,7 @@ def test_write_load_round_trip(tmp_path, schedule: str, m: int) -> None:
 
 def test_plan_json_contents(hetero_plan, plan_obj) -> None:
     obj = plan_obj
-    assert obj["schema_version"] == 1
+    assert obj["schema_version"] == 2
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", obj["created"])
     sched = obj["schedule"]
     assert (sched["name"], sched["num_ranks"], sched["num_stages"], sched["num_microbatches"]) == ("1f1b", 4, 4, 8)
@@ -82,7 +85,9 @@ def test_plan_json_contents(hetero_plan, plan_obj) -> None:
             assert item["freeze_ratio"] == 0.0
     assert obj["solver"]["status"] == "OPTIMAL"
     assert [p["name"] for p in obj["solver"]["phases"]] == ["makespan", "total_freeze", "even_spread"]
+    assert [p["gap"] for p in obj["solver"]["phases"]] == [None] * 3  # GLOP: its own OPTIMAL (Note [LP certificate])
     assert obj["solver"]["wall_s"] >= 0
+    assert obj["solver"]["time_limit_s"] == lp.DEFAULT_TIME_LIMIT_S
     # The stated per-stage mean is the mean of the listed ratios over each stage's freezable actions.
     for s in range(4):
         ratios = [a["freeze_ratio"] for a in obj["actions"] if a["action"].startswith(f"{s}B")]
@@ -116,7 +121,7 @@ def test_predictions(hetero_plan) -> None:
     assert p.planned_ms == simulate(dag, dag.durations(list(hetero_plan.ratios))).batch_time_ms
     assert p.all_frozen_ms <= p.planned_ms <= p.no_freeze_ms
     # Uniform baseline: every freezable action at the plan's overall mean ratio.
-    groups = [v for g in solver.freeze_groups(dag) for v in g]
+    groups = [v for g in dag.freeze_groups() for v in g]
     mean = sum(hetero_plan.ratios[v] for v in groups) / len(groups)
     assert p.uniform_ms == simulate(dag, dag.durations(mean)).batch_time_ms
     assert p.planned_ms <= p.uniform_ms + 1e-9  # schedule awareness never loses to uniform freezing
@@ -240,8 +245,53 @@ BAD_PLANS = [
         lambda o: _edit(o, _freeze_all_of_stage_0),
         r"^mean_freeze_ratio: stage 0 freezes 1 on average, above its cap 0\.9",
     ),
-    ("schema_version 2", lambda o: o | {"schema_version": 2}, r"^schema_version: must be 1, got 2"),
-    ("schema_version missing", lambda o: _drop(o, "schema_version"), r"^schema_version: must be 1, got null"),
+    ("schema_version 3", lambda o: o | {"schema_version": 3}, r"^schema_version: must be 1 or 2, got 3"),
+    ("schema_version missing", lambda o: _drop(o, "schema_version"), r"^schema_version: must be 1 or 2, got null"),
+    (
+        "solver phase missing its objective",
+        lambda o: _edit(o, lambda x: x["solver"]["phases"][2].pop("objective")),
+        r"^solver\.phases\[2\]\.objective: missing required field",
+    ),
+    (
+        "solver phase missing its gap",
+        lambda o: _edit(o, lambda x: x["solver"]["phases"][0].pop("gap")),
+        r"^solver\.phases\[0\]\.gap: missing required field",
+    ),
+    (
+        "solver section missing a key",
+        lambda o: _edit(o, lambda x: x["solver"].pop("backend")),
+        r"^solver\.backend: missing required field",
+    ),
+    (
+        "solver section with an unknown key",
+        lambda o: _edit(o, lambda x: x["solver"].__setitem__("engine", "glop")),
+        r"^solver\.engine: unknown field",
+    ),
+    (
+        "solver status above its phases",
+        lambda o: _edit(o, lambda x: x["solver"]["phases"][1].__setitem__("status", "FEASIBLE")),
+        r"^solver\.status: says OPTIMAL but the phases make it FEASIBLE",
+    ),
+    (
+        "solver phase status unknown",
+        lambda o: _edit(o, lambda x: x["solver"]["phases"][1].__setitem__("status", "IMPRECISE")),
+        r"^solver\.phases\[1\]\.status: must be one of OPTIMAL, FEASIBLE, got \"IMPRECISE\"",
+    ),
+    (
+        "solver phases out of order",
+        lambda o: _edit(o, lambda x: x["solver"]["phases"].reverse()),
+        r"^solver\.phases: must be the first phases of makespan, total_freeze, even_spread in order",
+    ),
+    (
+        "solver gap negative",
+        lambda o: _edit(o, lambda x: x["solver"]["phases"][1].__setitem__("gap", -1.0)),
+        r"^solver\.phases\[1\]\.gap: must be finite and >= 0, got -1",
+    ),
+    (
+        "solver section not an object",
+        lambda o: o | {"solver": [1]},
+        r"^solver: must be an object",
+    ),
     (
         "caps of the wrong length",
         lambda o: o | {"max_freeze_ratio": [0.9, 0.9]},
@@ -300,7 +350,7 @@ def test_load_missing_file_and_invalid_json(tmp_path) -> None:
 
 
 def test_plan_schema_version_true_is_rejected(plan_obj) -> None:
-    with pytest.raises(TfplanError, match="^schema_version: must be 1"):
+    with pytest.raises(TfplanError, match="^schema_version: must be 1 or 2"):
         plan_mod.from_dict(plan_obj | {"schema_version": True})
 
 
@@ -314,3 +364,66 @@ def test_target_speedup_must_be_a_number(plan_obj) -> None:
     plan_obj["target_speedup"] = "fast"
     with pytest.raises(TfplanError, match="target_speedup: must be a number or null"):
         plan_mod.from_dict(plan_obj)
+
+
+def _as_version_1(obj: dict) -> dict:
+    """A version-2 plan object as tfplan wrote it before issue 9: no gaps, no time limit."""
+    obj = copy.deepcopy(obj) | {"schema_version": 1}
+    obj["solver"].pop("time_limit_s")
+    for phase in obj["solver"]["phases"]:
+        phase.pop("gap")
+    return obj
+
+
+def test_version_1_plans_still_load(plan_obj, hetero_plan) -> None:
+    old = _as_version_1(plan_obj)
+    loaded = plan_mod.from_dict(old)
+    assert loaded.ratios == hetero_plan.ratios
+    assert loaded.solver.time_limit_s is None and all(p.gap is None for p in loaded.solver.phases)
+    assert plan_mod.from_dict(old | {"solver": {}}).solver is None  # a version-1 plan not made by the LP
+    assert plan_mod.from_dict(plan_obj | {"solver": None}).solver is None
+    # A version-1 solver section lacking a key is a one-line error naming it, not a KeyError in `tfplan show`.
+    del old["solver"]["wall_s"]
+    with pytest.raises(TfplanError, match=r"^solver\.wall_s: missing required field"):
+        plan_mod.from_dict(old)
+
+
+def test_the_solver_section_is_a_typed_record(hetero_plan, plan_obj) -> None:
+    record = hetero_plan.solver
+    assert isinstance(record, lp.SolverRecord) and record.backend == "glop" and record.status == "OPTIMAL"
+    assert record.to_dict() == plan_obj["solver"]
+    assert lp.SolverRecord.from_dict(plan_obj["solver"]) == record
+
+
+@pytest.mark.parametrize("backend", ["glop", "fastlp"])
+@pytest.mark.parametrize("name", sorted(schedules.SCHEDULES))
+def test_every_plan_a_solver_writes_loads(tmp_path, name: str, backend: str) -> None:
+    # One cap tolerance (lp.CAP_TOL) for the solvers' last check and the loader: what they write loads.
+    spec = schedules.get_spec(name)
+    sched = schedules.generate(name, 3, 12, spec.default_stages_per_rank)
+    prof = Profile(name="p", p2p_ms=0.03, stages=tuple(
+        profile.StageCost(forward_ms=1.0 + 0.1 * s, backward_ms=2.0, backward_frozen_ms=0.7 + 0.1 * s,
+                          backward_input_ms=1.1, backward_weight_ms=0.9 + 0.05 * s, backward_weight_frozen_ms=0.1)
+        for s in range(sched.num_stages)
+    ))
+    dag = dag_mod.build(sched, prof)
+    caps = [0.37, 0.9, 0.123456789, 1.0, 0.5, 0.0][: sched.num_stages]
+    caps += [0.77] * (sched.num_stages - len(caps))
+    plan = plan_mod.make_plan(dag, solve_dag(dag, caps, backend=backend), caps, prof)
+    plan_mod.write(plan, tmp_path / "plan.json")
+    loaded = plan_mod.load(tmp_path / "plan.json")
+    assert loaded.ratios == plan.ratios and loaded.solver == plan.solver
+    for mean, cap in zip(loaded.mean_ratio_per_stage(), caps):
+        assert mean <= cap + 1e-12
+
+
+def test_loading_a_plan_does_not_import_ortools(tmp_path, hetero_plan) -> None:
+    plan_mod.write(hetero_plan, tmp_path / "plan.json")
+    code = (
+        "import sys, tfplan.plan\n"
+        f"p = tfplan.plan.load({str(tmp_path / 'plan.json')!r})\n"
+        "assert p.solver.backend == 'glop'\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ortools'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

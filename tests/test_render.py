@@ -3,6 +3,7 @@ gantt windows, heat map values, tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -204,6 +205,19 @@ def test_grid_and_sweep_tables() -> None:
     out = _render(render.sweep_table(sweep_rows, "what-if"), width=200)
     assert "n/a [1]" in out and "[1] schedule 1f1b needs at least" in out
     assert out.count("gpipe") == 2
+    assert "*" not in out
+    feasible = [dataclasses.replace(r, status="FEASIBLE") if r.schedule == "gpipe" else r for r in sweep_rows]
+    out = _render(render.sweep_table(feasible, "what-if"), width=200)
+    assert out.count("x*") == 2 and "* feasible, not certified optimal" in out
+
+
+def test_plan_title_says_when_a_plan_is_not_certified(plan) -> None:
+    assert render.plan_title(plan).endswith(f"solved by glop in {plan.solver.wall_s:.3f} s")
+    phases = (*plan.solver.phases[:1], dataclasses.replace(plan.solver.phases[1], status="FEASIBLE", gap=0.25))
+    record = dataclasses.replace(plan.solver, status="FEASIBLE", phases=phases)
+    title = render.plan_title(dataclasses.replace(plan, solver=record))
+    assert title.endswith("s (FEASIBLE, not certified optimal: total_freeze gap 0.25)")
+    assert "solved by" not in render.plan_title(dataclasses.replace(plan, solver=None))
 
 
 def test_gantt_panel_count_is_bounded_with_a_near_zero_action() -> None:

@@ -1,5 +1,6 @@
-"""The three-phase LP: METHOD.md toy numbers, caps respected, bounds, edge cases, bad caps, unreachable targets,
-agreement with an independent scipy/HiGHS formulation, determinism."""
+"""The three-phase LP with GLOP: METHOD.md toy numbers, caps respected, bounds, edge cases, bad caps, unreachable
+targets, agreement with an independent scipy/HiGHS formulation (all three phases), phase 3's evenness,
+determinism, the time limit."""
 
 from __future__ import annotations
 
@@ -14,17 +15,24 @@ from scipy.sparse import coo_matrix
 
 from tests.conftest import PROFILES
 from tfplan import dag as dag_mod
-from tfplan import profile, schedules, solver
+from tfplan import lp, profile, schedules, solver
 from tfplan.actions import Action
 from tfplan.errors import TfplanError
 from tfplan.profile import Profile, StageCost
 from tfplan.simulate import simulate
 
-CAP_TOL = 1e-7  # LP feasibility tolerance on a stage's mean ratio
+CAP_TOL = lp.CAP_TOL  # on a stage's mean ratio
 
 
 def _toy_dag(name: str, m: int = 8) -> dag_mod.Dag:
     return dag_mod.build(schedules.generate(name, 4, m), profile.load(PROFILES / "toy-uniform-4.json"))
+
+
+def _deviation(dag: dag_mod.Dag, ratios) -> float:
+    """Phase 3's objective recomputed from a plan: sum over freezable actions of |ratio - its stage's mean|."""
+    means = _stage_means(dag, ratios)
+    return sum(abs(ratios[v] - means[a.stage]) for v, a in enumerate(dag.actions)
+               if a.kind in "BW" and dag.d_max[v] > dag.d_min[v])
 
 
 def _stage_means(dag: dag_mod.Dag, ratios) -> list[float]:
@@ -105,8 +113,8 @@ def test_per_stage_caps() -> None:
     assert all(sol.ratios[v] == 0.0 for v, a in enumerate(dag.actions) if a.stage == 0)
     # A single-element list means every stage.
     assert solver.solve(dag, [0.5]).makespan_ms == pytest.approx(solver.solve(dag, 0.5).makespan_ms, rel=1e-12)
-    assert solver.check_caps([0.5], 3) == [0.5, 0.5, 0.5]
-    assert solver.check_caps(1, 2) == [1.0, 1.0]
+    assert lp.check_caps([0.5], 3) == [0.5, 0.5, 0.5]
+    assert lp.check_caps(1, 2) == [1.0, 1.0]
 
 
 @pytest.mark.parametrize(
@@ -127,7 +135,7 @@ def test_bad_caps(caps, message: str) -> None:
 
 def test_target_below_optimum_is_unreachable() -> None:
     dag = _toy_dag("1f1b")
-    with pytest.raises(solver.UnreachableTarget) as info:
+    with pytest.raises(lp.UnreachableTarget) as info:
         solver.solve(dag, 0.9, target_makespan_ms=22.5)
     assert info.value.best_makespan_ms == pytest.approx(22.8, rel=1e-9)
     assert "unreachable" in str(info.value)
@@ -139,8 +147,8 @@ def test_target_makespan_gives_least_freezing() -> None:
     sol = solver.solve(dag, 0.9, target_makespan_ms=27.5)
     assert sol.makespan_ms == pytest.approx(22.8, rel=1e-9)  # still the phase-1 optimum
     assert simulate(dag, sol.durations).makespan_ms <= 27.5 * (1 + 1e-9)
-    lp = _independent_lp(dag, [0.9] * 4, target=27.5)
-    assert sum(sol.ratios) == pytest.approx(lp.total_ratio, abs=1e-6)
+    ref = _independent_lp(dag, [0.9] * 4, target=27.5)
+    assert sum(sol.ratios) == pytest.approx(ref.total_ratio, abs=1e-6)
     assert sum(sol.ratios) < solver.solve(dag, 0.9).phases[1].objective - 1  # far less freezing than fastest
 
 
@@ -155,7 +163,7 @@ def test_actions_freezing_cannot_shorten_are_neither_frozen_nor_counted() -> Non
     )
     prof = Profile(name="x", p2p_ms=0.0, stages=(fixed_b, profile.uniform(1).stages[0]))
     dag = dag_mod.build(schedules.generate("1f1b", 2, 4), prof)
-    groups = solver.freeze_groups(dag)
+    groups = dag.freeze_groups()
     assert groups[0] == []
     assert sorted(str(dag.actions[v]) for v in groups[1]) == [f"1B{m}" for m in range(4)]
     sol = solver.solve(dag, 0.5)
@@ -176,7 +184,7 @@ def test_determinism() -> None:
 
 def test_precedence_rows_drop_only_redundant_same_stage_edges() -> None:
     dag = dag_mod.build(schedules.generate("zbv", 2, 3), _hetero(4))
-    rows, sinks = solver.precedence_rows(dag)
+    rows, sinks = lp.precedence_rows(dag)
     kept = {(u, v) for u, v, _ in rows}
     for u, v, _, kind in dag.edges():
         if kind == "stage":
@@ -210,9 +218,11 @@ def _hetero(num_stages: int, p2p: float = 0.1) -> Profile:
 
 
 class _LpResult:
-    def __init__(self, makespan: float, total_ratio: float, spread: float, exact_spread: bool = True) -> None:
+    def __init__(self, makespan: float, total_ratio: float, spread: float, exact_spread: bool = True,
+                 vertex: list[float] | None = None) -> None:
         self.makespan, self.total_ratio, self.spread = makespan, total_ratio, spread
         self.exact_spread = exact_spread  # False: phase 3 needed a looser total bound than tfplan's
+        self.vertex = vertex  # phase 2's solution (HiGHS's simplex vertex): a ratio per DAG node
 
 
 def _independent_lp(dag: dag_mod.Dag, caps: list[float], target: float | None = None) -> _LpResult:
@@ -252,9 +262,11 @@ def _independent_lp(dag: dag_mod.Dag, caps: list[float], target: float | None = 
     n = len(actions)
     free = [a for a in actions if a.kind in "BW" and bounds(a)[0] > bounds(a)[1]]
     rcol = {a: n + j for j, a in enumerate(free)}
-    t_col, z0 = n + len(free), n + len(free) + 1
+    t_col = n + len(free)
     num_stages = sched.num_stages
-    nvar = z0 + num_stages
+    mu0 = t_col + 1  # phase 3: a mean per stage, then a deviation per freezable action
+    ecol = {a: mu0 + num_stages + j for j, a in enumerate(free)}
+    nvar = mu0 + num_stages + len(free)
     rows, cols, vals, rhs = [], [], [], []
 
     def add(terms: dict[int, float], bound: float) -> None:
@@ -282,43 +294,57 @@ def _independent_lp(dag: dag_mod.Dag, caps: list[float], target: float | None = 
     for u in actions:
         if u not in has_succ:
             add(end_terms(u) | {t_col: -1.0}, -bounds(u)[0])  # end(u) <= T
-    for s in range(num_stages):
-        group = [a for a in free if a.stage == s]
+    groups = [[a for a in free if a.stage == s] for s in range(num_stages)]
+    for s, group in enumerate(groups):
         if group:
             add({rcol[a]: 1.0 for a in group}, caps[s] * len(group))
-    var_bounds = [(0, None)] * n + [(0, 1)] * len(free) + [(0, None)] + [(0, 1)] * num_stages
+    var_bounds = [(0, None)] * n + [(0, 1)] * len(free) + [(0, None)] + [(None, None)] * num_stages
+    var_bounds += [(0, None)] * len(free)
 
-    def solve(objective: dict[int, float], extra: list[tuple[dict[int, float], float]]) -> float:
-        r, c, x, b = list(rows), list(cols), list(vals), list(rhs)
-        for terms, bound in extra:
-            for col, val in terms.items():
-                r.append(len(b))
-                c.append(col)
-                x.append(val)
-            b.append(bound)
-        a_ub = coo_matrix((x, (r, c)), shape=(len(b), nvar)).tocsr()
+    def solve(objective: dict[int, float], extra: list[tuple[dict[int, float], float]],
+              equal: list[tuple[dict[int, float], float]] = ()) -> float:
+        def matrix(base: tuple[list, list, list, list], more) -> tuple[coo_matrix | None, list[float]]:
+            r, c, x, b = (list(z) for z in base)
+            for terms, bound in more:
+                for col, val in terms.items():
+                    r.append(len(b))
+                    c.append(col)
+                    x.append(val)
+                b.append(bound)
+            return (coo_matrix((x, (r, c)), shape=(len(b), nvar)).tocsr() if b else None), b
+
+        a_ub, b_ub = matrix((rows, cols, vals, rhs), extra)
+        a_eq, b_eq = matrix(([], [], [], []), equal)
         cost = np.zeros(nvar)
         for col, val in objective.items():
             cost[col] = val
-        res = linprog(cost, A_ub=a_ub, b_ub=b, bounds=var_bounds, method="highs")
+        res = linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq or None, bounds=var_bounds,
+                      method="highs-ds")
         assert res.status == 0, res.message
+        solve.x = res.x
         return float(res.fun)
 
     t1 = solve({t_col: 1.0}, [])
     bound = t1 * (1 + 1e-9) if target is None else target
     total_obj = {rcol[a]: 1.0 for a in free}
     r2 = solve(total_obj, [({t_col: 1.0}, bound)])
-    spread_rows = [({z0 + a.stage: -1.0, rcol[a]: 1.0}, 0.0) for a in free]  # r_a <= z_s
-    used = {a.stage for a in free}
-    # Phase 3 with tfplan's slack on the total (1e-9); HiGHS's own tolerances occasionally make that
-    # infeasible, and then a looser total only gives a lower bound on tfplan's phase-3 objective.
+    node = {a: v for v, a in enumerate(dag.actions)}
+    vertex = [0.0] * n
+    for a in free:
+        vertex[node[a]] = float(solve.x[rcol[a]])
+    # Phase 3 (METHOD.md): min sum_a |r_a - mean of r over a's stage|, with both rows e_a >= +-(r_a - mu_s).
+    means = [({mu0 + s: float(len(g)), **{rcol[a]: -1.0 for a in g}}, 0.0) for s, g in enumerate(groups) if g]
+    deviation = [({rcol[a]: sign, mu0 + a.stage: -sign, ecol[a]: -1.0}, 0.0) for a in free for sign in (1.0, -1.0)]
+    # With tfplan's slack on the total (1e-9); HiGHS's own tolerances occasionally make that infeasible, and
+    # then a looser total only gives a lower bound on tfplan's phase-3 objective.
     for slack in (1e-9, 1e-8, 1e-7):
         try:
             r3 = solve(
-                {z0 + s: 1.0 for s in used},
-                [({t_col: 1.0}, bound), (total_obj, r2 * (1 + slack) + slack), *spread_rows],
+                {ecol[a]: 1.0 for a in free},
+                [({t_col: 1.0}, bound), (total_obj, r2 * (1 + slack) + slack), *deviation],
+                means,
             )
-            return _LpResult(t1, r2, r3, exact_spread=slack == 1e-9)
+            return _LpResult(t1, r2, r3, exact_spread=slack == 1e-9, vertex=vertex)
         except AssertionError:
             continue
     raise AssertionError("independent phase 3 infeasible even with a 1e-7 slack")
@@ -368,28 +394,27 @@ def _random_instance(seed: int) -> tuple[dag_mod.Dag, list[float]]:
 def test_solution_agrees_with_independent_lp(seed: int) -> None:
     dag, caps = _random_instance(seed)
     sol = solver.solve(dag, caps)
-    lp = _independent_lp(dag, caps)
+    ref = _independent_lp(dag, caps)
     none = simulate(dag).makespan_ms
     frozen = simulate(dag, dag.d_min).makespan_ms
     planned = simulate(dag, sol.durations).makespan_ms
 
     # Phase 1: the same optimum; the plan's simulated makespan equals it (phase 2 may use its 1e-9 slack).
-    assert sol.makespan_ms == pytest.approx(lp.makespan, rel=1e-7)
+    assert sol.makespan_ms == pytest.approx(ref.makespan, rel=1e-7)
     # (1e-8 rather than 1e-9: see test_planned_makespan_within_relative_1e9_of_the_optimum)
     assert sol.makespan_ms * (1 - 1e-12) <= planned <= sol.makespan_ms * (1 + 1e-8)
     # Never slower than no freezing, never faster than everything frozen.
     assert planned <= none * (1 + 1e-9)
     assert sol.makespan_ms >= frozen * (1 - 1e-9)
     # Phase 2: the same least total freeze ratio.
-    assert sum(sol.ratios) == pytest.approx(lp.total_ratio, abs=1e-6)
-    assert sol.phases[1].objective == pytest.approx(lp.total_ratio, abs=1e-6)
-    # Phase 3: the same sum over stages of the largest ratio, and the reported value is what the ratios give.
-    if lp.exact_spread:
-        assert sol.phases[2].objective == pytest.approx(lp.spread, abs=1e-5)
+    assert sum(sol.ratios) == pytest.approx(ref.total_ratio, abs=1e-6)
+    assert sol.phases[1].objective == pytest.approx(ref.total_ratio, abs=1e-6)
+    # Phase 3: the same least total deviation from the stage means, and the reported value is what the ratios give.
+    if ref.exact_spread:
+        assert sol.phases[2].objective == pytest.approx(ref.spread, rel=1e-6, abs=1e-6)
     else:
-        assert sol.phases[2].objective >= lp.spread - 1e-5
-    groups = solver.freeze_groups(dag)
-    assert sum(max(sol.ratios[v] for v in g) for g in groups if g) == pytest.approx(sol.phases[2].objective, abs=1e-6)
+        assert sol.phases[2].objective >= ref.spread - 1e-6
+    assert _deviation(dag, sol.ratios) == pytest.approx(sol.phases[2].objective, rel=1e-6, abs=1e-6)
     # Caps, ratio range, fixed actions, durations.
     for mean, cap in zip(_stage_means(dag, sol.ratios), caps):
         assert mean <= cap + CAP_TOL
@@ -424,4 +449,59 @@ def test_planned_makespan_within_relative_1e9_of_the_optimum() -> None:
     dag = dag_mod.build(schedules.generate("1f1b", 2, 4), Profile(name="r", p2p_ms=0.0, stages=stages))
     sol = solver.solve(dag, 0.8160419877480141)
     planned = simulate(dag, sol.durations).makespan_ms
-    assert planned <= sol.makespan_ms * (1 + solver.REL_TOL) * (1 + 1e-12)
+    assert planned <= sol.makespan_ms * (1 + lp.REL_TOL) * (1 + 1e-12)
+
+
+def _bang_bang(dag: dag_mod.Dag, ratios) -> int:
+    """Freezable actions at ratio 0 or 1."""
+    return sum(1 for g in dag.freeze_groups() for v in g if min(ratios[v], 1.0 - ratios[v]) < 1e-6)
+
+
+def test_phase_3_is_evener_than_a_vertex_of_phase_2() -> None:
+    # Issue 9's example (LLaMA-3.1-8B, 1F1B, M = 8, cap 0.9): phase 2's optimum is degenerate and a simplex
+    # vertex is bang-bang (1.0 and a few fractional ratios per stage). Phase 3 keeps phases 1-2's values and
+    # spreads the freezing: a smaller total deviation from the stage means, fewer actions at 0 or 1.
+    dag = dag_mod.build(schedules.generate("1f1b", 4, 8), profile.load(PROFILES / "llama3.1-8b-h200-4stages.json"))
+    sol = solver.solve(dag, 0.9)
+    ref = _independent_lp(dag, [0.9] * 4)
+    assert sol.phases[0].objective == pytest.approx(ref.makespan, rel=1e-9)
+    assert sol.phases[1].objective == pytest.approx(ref.total_ratio, rel=1e-7)
+    assert sum(ref.vertex) == pytest.approx(ref.total_ratio, rel=1e-7)  # the vertex is a phase-2 optimum
+    even, vertex = _deviation(dag, sol.ratios), _deviation(dag, ref.vertex)
+    assert even == pytest.approx(ref.spread, rel=1e-6)
+    assert even < 0.85 * vertex, (even, vertex)  # measured 4.63 against HiGHS's vertex 5.74
+    assert _bang_bang(dag, sol.ratios) < _bang_bang(dag, ref.vertex) - 3, (sol.ratios, ref.vertex)
+
+
+def test_phase_3_spreads_equivalent_actions_equally() -> None:
+    # METHOD.md's example of degeneracy: on the toy 1F1B 4 x 8 at cap 0.9 the last stage must use its whole
+    # cap, and in its steady state (micro-batches 0-6 look alike to the LP) no action needs more than the
+    # others; phase 3 gives the four middle ones one ratio instead of a mix of 1.0 and fractions.
+    dag = _toy_dag("1f1b")
+    sol = solver.solve(dag, 0.9)
+    groups = dag.freeze_groups()
+    assert _stage_means(dag, sol.ratios)[3] == pytest.approx(0.9, abs=1e-6)
+    middle = [sol.ratios[v] for v in groups[3] if 3 <= dag.actions[v].mb <= 5]
+    assert max(middle) - min(middle) < 1e-6
+
+
+def test_a_target_just_below_the_optimum_is_the_optimum() -> None:
+    # tfplan.lp.makespan_bound: a target in [T1 (1 - 1e-9), T1) is T1 (the fastest plan), not unreachable.
+    dag = _toy_dag("1f1b")
+    best = solver.solve(dag, 0.9)
+    sol = solver.solve(dag, 0.9, target_makespan_ms=22.8 * (1 - 0.5e-9))
+    assert sol.status == "OPTIMAL"
+    assert [p.objective for p in sol.phases] == [p.objective for p in best.phases]  # as without a target
+    with pytest.raises(lp.UnreachableTarget):
+        solver.solve(dag, 0.9, target_makespan_ms=22.8 * (1 - 2e-9))
+
+
+def test_time_limit_is_a_clear_error() -> None:
+    dag = dag_mod.build(schedules.generate("1f1b", 8, 128), _hetero(8))  # GLOP needs about 0.5 s
+    with pytest.raises(TfplanError, match=r"^--time-limit: GLOP reached the limit of 0\.001 s (before|in) LP phase"):
+        solver.solve(dag, 0.9, time_limit_s=0.001)
+    with pytest.raises(TfplanError, match="--time-limit: must be a positive number of seconds, got 0"):
+        solver.solve(dag, 0.9, time_limit_s=0.0)
+    sol = solver.solve(_toy_dag("gpipe"), 0.9, time_limit_s=60.0)
+    assert sol.status == "OPTIMAL" and sol.time_limit_s == 60.0
+    assert all(p.gap is None for p in sol.phases)  # GLOP certifies by its own status (Note [LP certificate])

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import PROFILES
 from tfplan import dag as dag_mod
-from tfplan import profile, schedules, solver, sweep
+from tfplan import lp, profile, schedules, solver, sweep
 from tfplan.errors import TfplanError
 from tfplan.simulate import simulate
 
@@ -64,7 +64,7 @@ def test_rows_match_an_independent_solve(rows) -> None:
         assert r.bubble_after == pytest.approx(planned.bubble_fraction, rel=1e-9)
         assert r.all_frozen_ms == simulate(dag, dag.d_min).batch_time_ms
         # Uniform baseline: every freezable action at the plan's mean ratio.
-        nodes = [v for g in solver.freeze_groups(dag) for v in g]
+        nodes = [v for g in dag.freeze_groups() for v in g]
         mean = sum(sol.ratios[v] for v in nodes) / len(nodes)
         assert r.mean_freeze_ratio == pytest.approx(mean, abs=1e-12)
         assert r.mean_freeze_ratio <= r.cap + 1e-7
@@ -106,7 +106,8 @@ def test_fastlp_backend_gives_the_same_rows() -> None:
     glop, fast = sweep.sweep(*args, backend="glop"), sweep.sweep(*args, backend="fastlp")
     for a, b in zip(glop, fast, strict=True):
         assert (a.schedule, a.num_microbatches, a.cap, a.skipped) == (b.schedule, b.num_microbatches, b.cap, b.skipped)
-        if a.skipped is None:
+        if not a.skipped:
+            assert (a.status, b.status) == ("OPTIMAL", "OPTIMAL")
             assert b.planned_ms == pytest.approx(a.planned_ms, rel=1e-9)
             assert b.mean_freeze_ratio == pytest.approx(a.mean_freeze_ratio, rel=1e-6, abs=1e-9)
 
@@ -134,3 +135,16 @@ def test_plot_writes_a_png(tmp_path, rows) -> None:
     sweep.plot(rows, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["sweep.png"]
+
+
+def test_a_solve_out_of_time_is_a_skipped_row(monkeypatch) -> None:
+    # --time-limit applies per solve; a combination without a feasible plan within it is listed with the reason.
+    def out_of_time(dag, caps, target=None, backend="auto", time_limit_s=None):
+        assert time_limit_s == 7.5
+        raise lp.TimeLimitReached("--time-limit: no feasible plan within 7.5 s (fastlp); raise the limit")
+
+    monkeypatch.setattr(sweep, "solve_dag", out_of_time)
+    rows = sweep.sweep(UNIFORM, ["1f1b"], [4], [0.5, 0.9], time_limit_s=7.5)
+    assert [r.skipped for r in rows] == ["--time-limit: no feasible plan within 7.5 s (fastlp); raise the limit"] * 2
+    with pytest.raises(TfplanError, match="--time-limit: must be a positive number of seconds"):
+        sweep.sweep(UNIFORM, ["1f1b"], [4], [0.5], time_limit_s=-1.0)

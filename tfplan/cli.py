@@ -33,6 +33,7 @@ from tfplan.cli_options import (
     ScheduleOpt,
     SolverOpt,
     StagesPerRankOpt,
+    TimeLimitOpt,
     job_spec,
     parse_caps,
     parse_int_list,
@@ -41,6 +42,7 @@ from tfplan.cli_options import (
 from tfplan.errors import TfplanError
 from tfplan.fileio import write_json_atomic, write_text_atomic
 from tfplan.job import build
+from tfplan.lp import DEFAULT_TIME_LIMIT_S, check_time_limit
 from tfplan.measured import measure_profile
 from tfplan.render import (
     gantt_panels,
@@ -231,6 +233,7 @@ def solve_cmd(
     ] = None,
     as_json: JsonOpt = False,
     solver_backend: SolverOpt = Backend.auto,
+    time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S,
 ) -> None:
     """Solve the TimelyFreeze LP: a freeze ratio per (stage, micro-batch) action that minimises the step time
     under the per-stage cap on the mean freeze ratio.
@@ -242,7 +245,7 @@ def solve_cmd(
 
     with user_errors():
         spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage)
-        plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup, solver_backend.value)
+        plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup, solver_backend.value, time_limit)
         csv_path = plan_mod.write(plan_obj, output) if output else None
         if as_json:
             print(json.dumps(plan_json(plan_obj) | {"output": output, "schedule_csv": str(csv_path or "") or None}))
@@ -294,6 +297,7 @@ def whatif_cmd(
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of speedup against cap per schedule.")] = None,
     as_json: JsonOpt = False,
     solver_backend: SolverOpt = Backend.auto,
+    time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S,
 ) -> None:
     """What-if sweep on a laptop: every schedule x micro-batch count x cap, with the naive uniform-freezing
     baseline at the same mean ratio.
@@ -312,6 +316,7 @@ def whatif_cmd(
         counts = split_list(microbatches, "--microbatches", int)
         cap_values = split_list(caps, "--caps", float)
         sweep_mod.check_caps_list(cap_values)
+        check_time_limit(time_limit)
         from tfplan.profile import load
 
         load(profile)  # fail on a bad profile before the progress bar appears
@@ -329,6 +334,7 @@ def whatif_cmd(
                 parse_int_list(layers_per_stage, "--layers-per-stage"),
                 on_row=lambda row: progress.advance(task),
                 backend=solver_backend.value,
+                time_limit_s=time_limit,
             )
         if csv_out:
             write_text_atomic(csv_out, sweep_mod.to_csv(rows))

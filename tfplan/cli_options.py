@@ -46,6 +46,16 @@ SolverOpt = Annotated[
 ]
 
 
+TimeLimitOpt = Annotated[
+    float,
+    typer.Option(
+        "--time-limit",
+        help="Seconds for each LP solve. fastlp then returns its best plan so far as FEASIBLE with its optimality "
+        "gap (a warning; the plan says so), or fails if it has none; glop fails.",
+    ),
+]
+
+
 def parse_int_list(text: str | None, option: str) -> list[int] | None:
     """An optional comma-separated list of integers (None when the option is not given)."""
     return None if text is None else split_list(text, option, int)

@@ -8,6 +8,12 @@ Edges (u -> v: v starts after u ends, plus a lag in ms):
 Every action has at most one predecessor of each kind, so we store three predecessor slots per node
 (-1 = none) instead of adjacency sets: the simulator and the solver read them as flat arrays.
 `to_networkx` gives the same graph with START/FINISH as a networkx.DiGraph.
+
+Note [freeze groups]: an action has a freeze ratio when it is a B or W action (the kinds whose work shrinks
+when parameters are frozen) and its frozen duration is below its unfrozen one. An action freezing cannot
+shorten (d_min == d_max, e.g. a profile that declares a backward unfreezable) is neither frozen nor counted in
+its stage's cap (METHOD.md counts every B/W; the difference only matters for such profiles). Dag.freeze_mask
+is the one definition; the LP backends, the plan loader and the predictions all use it.
 """
 
 from __future__ import annotations
@@ -69,6 +75,26 @@ class Dag:
             return [hi - r * (hi - lo) if f else hi for hi, lo, f in zip(self.d_max, self.d_min, self.freezable)]
         assert len(ratios) == self.num_nodes
         return [hi - r * (hi - lo) for hi, lo, r in zip(self.d_max, self.d_min, ratios)]
+
+    def freeze_mask(self) -> list[bool]:
+        """Per node: whether it has a freeze ratio (Note [freeze groups]): a B or W action whose frozen duration
+        is below its unfrozen one. The one definition of "freezable" that the caps, both LP backends and the
+        plan loader use."""
+        return [f and lo < hi for f, hi, lo in zip(self.freezable, self.d_max, self.d_min)]
+
+    def freeze_groups(self) -> list[list[int]]:
+        """Per stage: its nodes with a freeze ratio (freeze_mask), the A_s whose mean ratio the stage's cap bounds.
+
+        >>> from tfplan import profile, schedules
+        >>> dag = build(schedules.generate("1f1b", 2, 2), profile.uniform(2))
+        >>> [[str(dag.actions[v]) for v in g] for g in dag.freeze_groups()]
+        [['0B0', '0B1'], ['1B0', '1B1']]
+        """
+        groups: list[list[int]] = [[] for _ in range(self.schedule.num_stages)]
+        for v, ok in enumerate(self.freeze_mask()):
+            if ok:
+                groups[self.actions[v].stage].append(v)
+        return groups
 
     def edges(self) -> list[tuple[int, int, float, str]]:
         """Every edge as (u, v, lag_ms, kind); a pair linked by two kinds appears once per kind."""

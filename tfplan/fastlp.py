@@ -1,8 +1,8 @@
-"""An exact, fast solver for the three-phase TimelyFreeze LP (same LP and phases as tfplan.solver).
+"""An exact, fast solver for the three-phase TimelyFreeze LP (tfplan.lp; the same optima as tfplan.solver).
 
     from tfplan import schedules, profile, dag, fastlp
     d = dag.build(schedules.generate("1f1b", 32, 512), profile.uniform(32))
-    sol = fastlp.solve(d, 0.9)          # a solver.Solution, like solver.solve(d, 0.9)
+    sol = fastlp.solve(d, 0.9)          # an lp.Solution, like solver.solve(d, 0.9)
 
 The LP grows with the micro-batch count M but its hard part does not: pipeline schedules repeat the same
 per-rank pattern every micro-batch (or round), with the same per-stage costs. We solve two small LPs per
@@ -21,15 +21,23 @@ Note [periodic compression]
   off_u, on which they depend affinely, so the rows at the smallest and largest off_u imply all others. A
   tied ratio column weighs as many actions as it stands for in the caps and objectives. Size: the untied
   actions plus a few columns and rows per run.
-  Lower bound L (fastlp_lp.tied_dual). Write the dual of the full LP (a flow per precedence row, a price per
-  cap, ...) and tie its variables the same way: one flow for all rows of a group above, one price per tied
-  ratio bound. That restricts the (maximising) dual, so L <= OPT by weak duality. Dual constraints of tied
-  actions that see the same tied flows are identical and kept once, so L is about as small as U.
-  Exactness. If U - L <= 1e-9 max(1, |U|), both equal OPT to that tolerance: the phase reports max(U, L)
-  and the last phase's tied primal solution, expanded to every action, is the plan. Otherwise the margin
-  grows (2 margin + 1) and the phase is solved again; once nothing is tied, the tied primal is the full LP
-  and is exact alone. Both bounds hold for any choice of ties, so a wrong guess of the structure costs time,
-  never correctness. The two LPs of a margin are solved in two threads (GLOP releases the GIL).
+  Lower bound L (fastlp_lp.tied_dual, fastlp_bound). Write the dual of the full LP (a flow per precedence
+  row, a price per cap, ...) and tie its variables the same way: one flow for all rows of a group above, one
+  price per tied ratio bound. That restricts the (maximising) dual; dual constraints of tied actions that see
+  the same tied flows are identical and kept once, so the tied dual is about as small as the tied primal. Its
+  solution, expanded to one value per row of the full LP, is a dual vector y of the full LP, and L = b'y minus
+  the positive parts of (A'y - c) times the columns' finite upper bounds is a lower bound on OPT for ANY y
+  (fastlp_bound, Note [LP certificate] in tfplan.lp): GLOP's tolerances and the ties can only loosen it.
+  Exactness. A phase is certified (OPTIMAL) when U - L <= GAP_TOL max(1, |U|): the phase reports max(U, L)
+  and its gap U - L, and the last phase's tied primal solution, expanded to every action, is the plan.
+  Otherwise the margin grows (2 margin + 1) and the phase is solved again; once nothing is tied, the tied
+  primal is the full LP and its own row duals give L. Both bounds hold for any choice of ties, so a wrong
+  guess of the structure costs time, never correctness. The two LPs of a margin are solved in two threads
+  (GLOP releases the GIL).
+  Time limit. Every GLOP call gets what is left of the solve's time limit. When it runs out, the solve stops
+  at the first uncertified phase and returns the best tied primal point found so far (of that phase, or of
+  the last certified one) as a FEASIBLE plan with its gap, with a warning; with no feasible point at all it
+  raises lp.TimeLimitReached.
   Margins. Phase 1 starts at 2 periods and usually needs no more. Phases 2-3 need more: their optima are
   periodic only after the pipeline's fill and before its drain, and in between a stage with slack unfreezes
   a block of about S (stages) of its last steady-state actions (measured: uniform 1F1B 8 x 96 needs 8,
@@ -37,7 +45,7 @@ Note [periodic compression]
   cheaper of S for every run and margins aligned on the unfrozen schedule's timing (_aligned_margins:
   1F1B 32 x 512 then needs 5.2k LP columns instead of 7.8k). The LPs have O(S^2) columns whatever M is:
   1F1B 32 x 512 and 32 x 16384 solve LPs of the same size, and 64 stages (~30k columns) take GLOP minutes.
-  The phases are chained as in Note [three-phase LP] (tfplan.solver): phase 2 bounds T by T1 (1 + 1e-9),
+  The phases are chained as in Note [three-phase LP] (tfplan.lp): phase 2 bounds T by T1 (1 + 1e-9),
   phase 3 the total freeze by R2 (1 + 1e-9) + 1e-9, with T1 and R2 the certified optima.
 
 Note [LP tolerance]
@@ -46,7 +54,7 @@ Note [LP tolerance]
   run: with presolve on, re-simulated plans ended up to 1.6e-9 above T1 on 1F1B 16 x 256 and 24 x 256;
   without presolve and with primal feasibility 1e-10 (PLAN_PARAMS) they stayed within 1.00002e-9, but that
   solve is about twice as slow on the large tied LPs. So every LP is first solved fast: small ones with
-  solver.GLOP_PARAMS (1e-10, as cheap as the default there), large ones with GLOP's default (ten times faster
+  lp.GLOP_PARAMS (1e-10, as cheap as the default there), large ones with GLOP's default (ten times faster
   on some 8000-column tied LPs). The tied primal of phases 2 and 3 uses the dual simplex. Measured (seconds,
   primal simplex -> dual simplex): phase 2, 2-5x faster on every instance tried (uniform and heterogeneous
   1F1B, interleaved, ZB, ZBV); phase 3 on uniform 1F1B 32 x M, erratic with the primal simplex and steady
@@ -77,81 +85,123 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from ortools.linear_solver import linear_solver_pb2, pywraplp
-from ortools.linear_solver.python import model_builder_helper as mbh
 
 from tfplan.dag import Dag
 from tfplan.errors import TfplanError
+from tfplan.fastlp_bound import Windows, from_primal_duals, from_tied_dual, safe_lower_bound
+from tfplan.fastlp_glop import DUAL_PARAMS, PLAN_PARAMS, RETRY_PARAMS, LPResult, Race, solve_glop, solve_lp
 from tfplan.fastlp_graph import GraphArrays, Runs, Ties
 from tfplan.fastlp_lp import INF, Compressed, Phase, SparseLP, expand_ratios, tied_dual, tied_primal
+from tfplan.lp import (
+    FEASIBLE,
+    GAP_TOL,
+    OPTIMAL,
+    PHASE_NAMES,
+    Deadline,
+    PhaseResult,
+    Solution,
+    TimeLimitReached,
+    check_caps,
+    check_time_limit,
+    keep_caps,
+    makespan_bound,
+    total_bound,
+)
 from tfplan.simulate import simulate
-from tfplan.solver import GLOP_PARAMS, REL_TOL, PhaseResult, Solution, UnreachableTarget, check_caps
 
 log = logging.getLogger(__name__)
 
-GAP_TOL = 1e-9  # U - L <= GAP_TOL * max(1, |U|) certifies a phase (Note [periodic compression])
 SANE_GAP = 1e-6  # a gap U - L above GAP_TOL up to this (relative) is first re-tried with U polished
 NEG_GAP = 1e-7  # U < L by more than this (relative) means a solve went wrong (L <= U by weak duality): grow
-PLAN_PARAMS = "use_preprocessing: false primal_feasibility_tolerance: 1e-10"  # Note [LP tolerance]
-RETRY_PARAMS = "primal_feasibility_tolerance: 1e-12"
 UNTIE_LIMIT = 20_000  # actions: up to here a plan past the bound is re-solved on the full LP
-TIGHT_COLUMNS = 4000  # bound LPs up to this size get solver.GLOP_PARAMS (cheap there; Note [LP tolerance])
 SIM_TOL = 1.05e-9  # a plan's simulated makespan above T1 (1 + SIM_TOL) is re-solved (Note [LP tolerance])
-PHASE_NAMES = ("makespan", "total_freeze", "even_spread")
 
 
-def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None) -> Solution:
-    """Solve the three-phase LP of tfplan.solver exactly, compressing repeating micro-batches.
+def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
+          time_limit_s: float | None = None) -> Solution:
+    """Solve the three-phase LP of tfplan.lp exactly, compressing repeating micro-batches.
 
     Args:
         dag: the action graph with d_min/d_max per node.
         caps: the per-stage cap on the mean freeze ratio (one value for all stages, or one per stage).
         target_makespan_ms: instead of the fastest plan, the least-freezing plan whose makespan is at most
-            this (phase 2 bounds T by it); must not be below the phase-1 optimum.
+            this (phase 2 bounds T by it); must not be below the phase-1 optimum (lp.makespan_bound).
+        time_limit_s: seconds for the whole solve, None for none; when reached, the best plan so far comes
+            back FEASIBLE with its gap (Note [periodic compression], Time limit).
 
     Returns:
-        A Solution with the same phase objectives as solver.solve (to the LP tolerance), backend "fastlp".
+        A Solution with the same phase objectives as solver.solve (to the LP tolerance), backend "fastlp";
+        its status is OPTIMAL unless the time limit stopped it.
 
     Raises:
-        TfplanError: bad caps, an unreachable target (solver.UnreachableTarget), or GLOP failing on the
-            uncompressed LP.
+        TfplanError: bad caps, an unreachable target (lp.UnreachableTarget), the time limit reached before any
+            feasible plan (lp.TimeLimitReached), or GLOP failing on the uncompressed LP.
     """
-    return _solve(dag, caps, target_makespan_ms)
+    return _solve(dag, caps, target_makespan_ms, time_limit_s=time_limit_s)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """One phase solved: its result, and its best tied primal point (the plan if it is the last phase)."""
+
+    result: PhaseResult
+    upper: LPResult
+    c: Compressed
+    phase: Phase
 
 
 def _solve(
     dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None, first_margin: int = 2,
-    margin: int | None = None,
+    margin: int | None = None, time_limit_s: float | None = None,
 ) -> Solution:
     """solve() with the margin schedule exposed for tests: phase 1 starts at first_margin, phases 2-3 at
     `margin` (default: the cheaper of the stage count and time-aligned margins, _Margins)."""
-    start = time.perf_counter()
+    check_time_limit(time_limit_s)
+    deadline = Deadline(limit_s=time_limit_s)
+    start = deadline.start
     num_stages = dag.schedule.num_stages
     cap_arr = np.asarray(check_caps(caps, num_stages), dtype=np.float64)
     g = GraphArrays.from_dag(dag)
-    margins = _Margins(dag, g, Runs.detect(g), first_margin, margin)
+    unfrozen = simulate(dag)
+    margins = _Margins(dag, g, Runs.detect(g), first_margin, margin, unfrozen.start_ms)
     build_s = time.perf_counter() - start
-    # Note [three-phase LP] (tfplan.solver): each phase bounds the next by the certified optimum.
-    first, upper, c = _certified(Phase(number=1, caps=cap_arr), margins)
-    best = first.objective
-    t_ub = best * (1 + REL_TOL)
-    if target_makespan_ms is not None:
-        if target_makespan_ms < best * (1 - REL_TOL):
-            raise UnreachableTarget(target_makespan_ms, best)
-        t_ub = target_makespan_ms
-    second, upper, c = _certified(Phase(number=2, caps=cap_arr, t_ub=t_ub), margins)
-    phase = Phase(number=3, caps=cap_arr, t_ub=t_ub, r_ub=second.objective * (1 + REL_TOL) + REL_TOL)
-    third, upper, c = _certified(phase, margins)
-    phases = [first, second, third]
-    ratios, durations = _plan(dag, g, c, upper, phase, best, target_makespan_ms)
+    # Note [three-phase LP] (tfplan.lp): each phase bounds the next by the certified optimum.
+    phase = Phase(number=1, caps=cap_arr, t_max=unfrozen.makespan_ms)
+    outcomes: list[_Outcome] = []
+    while True:
+        outcome = _certified(phase, margins, deadline)
+        if outcome is None:
+            break
+        outcomes.append(outcome)
+        if outcome.result.status != OPTIMAL or phase.number == 3:
+            break
+        if phase.number == 1:
+            t_ub = makespan_bound(outcome.result.objective, target_makespan_ms)
+            phase = Phase(number=2, caps=cap_arr, t_ub=t_ub, t_max=t_ub)
+        else:
+            phase = Phase(number=3, caps=cap_arr, t_ub=phase.t_ub, r_ub=total_bound(outcome.result.objective),
+                          t_max=phase.t_ub)
+    if not outcomes:
+        raise TimeLimitReached(f"--time-limit: no feasible plan within {time_limit_s:g} s (fastlp); raise the limit")
+    phases = tuple(o.result for o in outcomes)
+    last = outcomes[-1]
+    best = phases[0].objective
+    if len(phases) < 3 or last.result.status != OPTIMAL:
+        gaps = ", ".join(f"{p.name} {p.status}" + ("" if p.gap is None else f" (gap {p.gap:.3g})") for p in phases)
+        why = f"the time limit of {time_limit_s:g} s stopped the solve" if deadline.expired() else (
+            "the full LP's duals miss the gap tolerance")
+        log.warning("fastlp: %s; the plan is feasible but not certified optimal: %s", why, gaps)
+    target = target_makespan_ms if last.phase.number > 1 else None
+    ratios = keep_caps(dag, _plan(dag, g, last, best, target, deadline).tolist(), cap_arr.tolist(), "fastlp")
     return Solution(
-        ratios=ratios.tolist(),
-        durations=durations.tolist(),
+        ratios=ratios,
+        durations=dag.durations(ratios),
         makespan_ms=best,
-        phases=tuple(phases),
+        phases=phases,
         backend="fastlp",
         build_s=build_s,
         wall_s=time.perf_counter() - start,
+        time_limit_s=time_limit_s,
     )
 
 
@@ -164,16 +214,24 @@ class _Margins:
     stands for "nothing tied" (the full LP).
     """
 
-    def __init__(self, dag: Dag, g: GraphArrays, runs: Runs, first: int, later: int | None) -> None:
+    def __init__(self, dag: Dag, g: GraphArrays, runs: Runs, first: int, later: int | None,
+                 start_ms: Sequence[float]) -> None:
         self.g, self.runs = g, runs
         k = runs.num_runs
         self.candidates = [(np.full(k, max(2, dag.schedule.num_stages) if later is None else later),) * 2]
         if later is None:
-            aligned = _aligned_margins(dag, runs)
+            aligned = _aligned_margins(runs, start_ms)
             if aligned is not None:
                 self.candidates.append(aligned)
         self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first))
         self._compressed: tuple[object, Compressed] | None = None
+        self._windows: Windows | None = None
+
+    def windows(self) -> Windows:
+        """The start-time windows of fastlp_bound, computed on first use."""
+        if self._windows is None:
+            self._windows = Windows.build(self.g)
+        return self._windows
 
     def start(self, phase: int) -> tuple[np.ndarray, np.ndarray] | None:
         if phase > 1 and self.current is not None:
@@ -197,7 +255,7 @@ class _Margins:
         return self.g.n - self.runs.ties(self.g.n, margin).num_tied
 
 
-def _aligned_margins(dag: Dag, runs: Runs, slack: int = 2, limit: int = 2000):
+def _aligned_margins(runs: Runs, start_ms: Sequence[float], slack: int = 2, limit: int = 2000):
     """Margins from the timing of the unfrozen schedule: a run that enters its steady state before the runs
     running beside it (overlapping in time) are all in theirs keeps the periods in between untied, twice over,
     plus `slack`; the same at its end. This follows the pipeline's fill and drain rank by rank (1F1B: a stage
@@ -206,7 +264,7 @@ def _aligned_margins(dag: Dag, runs: Runs, slack: int = 2, limit: int = 2000):
     k = runs.num_runs
     if k == 0 or k > limit:
         return None
-    start = np.asarray(simulate(dag).start_ms)
+    start = np.asarray(start_ms)
     first, last = runs.nodes[runs.start[:-1]], runs.nodes[runs.start[1:] - 1]
     t0, t1 = start[first], start[last]
     period = start[runs.nodes[runs.start[:-1] + 1]] - t0
@@ -221,145 +279,138 @@ def _aligned_margins(dag: Dag, runs: Runs, slack: int = 2, limit: int = 2000):
     return np.minimum(head, cap).astype(np.int64), np.minimum(tail, cap).astype(np.int64)
 
 
-@dataclass(frozen=True, slots=True)
-class LPResult:
-    """A GLOP solution."""
-
-    objective: float
-    x: np.ndarray
-    """Column values."""
-    iterations: int
-    """Simplex iterations."""
-    wall_s: float
-    """Seconds to fill and solve the model."""
-
-
-def solve_glop(lp: SparseLP, params: str = "") -> LPResult | None:
-    """Solve with GLOP through pywraplp (as tfplan.solver); None unless OPTIMAL.
-
-    The model is filled through model_builder's helper (one call per entry, no scipy) and handed to
-    pywraplp as a proto. pywraplp reports simplex iterations and releases the GIL while solving, so a
-    tied primal and a tied dual can be solved in two threads. params: GLOP parameters in text format
-    (Note [LP tolerance] in tfplan.fastlp).
-    """
-    start = time.perf_counter()
-    ri, ci, val = _coalesce(lp.ri, lp.ci, lp.val)
-    h = mbh.ModelBuilderHelper()
-    h.add_var_array_with_bounds(lp.lb, lp.ub, np.zeros(len(lp.lb), bool), "")
-    add, set_lo, set_hi = h.add_linear_constraint, h.set_constraint_lower_bound, h.set_constraint_upper_bound
-    for lo, hi in zip(lp.row_lo.tolist(), lp.row_hi.tolist()):
-        k = add()
-        set_lo(k, lo)
-        set_hi(k, hi)
-    set_coef = h.set_constraint_coefficient
-    for r, c, v in zip(ri.tolist(), ci.tolist(), val.tolist()):
-        set_coef(r, c, v)
-    nz = np.flatnonzero(lp.obj)
-    h.set_objective_coefficients(nz.tolist(), lp.obj[nz].tolist())
-    h.set_maximize(lp.maximize)
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    assert solver is not None, "OR-Tools was built without GLOP"
-    error = solver.LoadModelFromProto(mbh.to_mpmodel_proto(h))
-    assert not error, error
-    if params:
-        solver.SetSolverSpecificParametersAsString(params)
-    if solver.Solve() != pywraplp.Solver.OPTIMAL:
-        return None
-    response = linear_solver_pb2.MPSolutionResponse()
-    solver.FillSolutionResponseProto(response)
-    return LPResult(
-        objective=solver.Objective().Value(), x=np.asarray(response.variable_value), iterations=solver.iterations(),
-        wall_s=time.perf_counter() - start,
-    )
+def _lower_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult | None, lower: LPResult | None,
+                 windows: Windows | None = None) -> float:
+    """The safe lower bound L of fastlp_bound from the tied dual's solution or, untied, the primal's own duals;
+    -inf without a solution."""
+    if c.ties.num_tied == 0:
+        if upper is None or upper.duals is None:
+            return -INF
+        dual = from_primal_duals(c, phase, primal, upper.duals)
+    elif lower is None:
+        return -INF
+    else:
+        dual = from_tied_dual(c, phase, lower.x)
+    return safe_lower_bound(c.g, phase, dual, windows)
 
 
-def _coalesce(ri: np.ndarray, ci: np.ndarray, val: np.ndarray):
-    """Sum duplicate (row, col) entries and drop zeros."""
-    if len(ri) == 0:
-        return ri, ci, val
-    key = ri * (int(ci.max()) + 1) + ci
-    order = np.argsort(key, kind="stable")
-    key, ri, ci, val = key[order], ri[order], ci[order], val[order]
-    first = np.ones(len(key), dtype=bool)
-    first[1:] = key[1:] != key[:-1]
-    idx = np.flatnonzero(first)
-    sums = np.add.reduceat(val, idx)
-    keep = sums != 0.0
-    return ri[idx][keep], ci[idx][keep], sums[keep]
+def _tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult, lower: LPResult | None,
+                   bound: float, margins: _Margins, deadline: Deadline) -> tuple[float, int]:
+    """When GLOP's own dual value meets GAP_TOL but the safe bound does not: the same dual vector with start-time
+    windows (fastlp_bound, Windows), then, if that is not enough, a more precise dual. Returns the best safe
+    bound and the simplex iterations spent."""
+    target = upper.objective - GAP_TOL * max(1.0, abs(upper.objective))
+    windows = margins.windows()
+    bound = max(bound, _lower_bound(c, phase, primal, upper, lower, windows))
+    if bound >= target or deadline.expired():
+        return bound, 0
+    if c.ties.num_tied == 0:
+        again = solve_lp(primal, False, deadline, precise=True, duals=True, extra=DUAL_PARAMS)
+        fresh = None if again is None else _lower_bound(c, phase, primal, again, None, windows)
+    else:
+        again = solve_lp(tied_dual(c, phase), True, deadline, precise=True)
+        fresh = None if again is None else _lower_bound(c, phase, primal, upper, again, windows)
+    log.debug("phase %d: safe bound with windows %s, with a precise dual %s", phase.number, bound, fresh)
+    return max(bound, -INF if fresh is None else fresh), 0 if again is None else again.iterations
 
 
-def _solve_lp(lp: SparseLP, tied: bool, dual_simplex: bool = False, precise: bool = False) -> LPResult | None:
-    """GLOP with the settings of Note [LP tolerance]; GLOP's defaults if those fail.
+def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, number: int, deadline: Deadline):
+    """Start the tied primal's solve (Note [LP tolerance]): the dual simplex in phase 2, the primal simplex in
+    phase 1, and in phase 3 both in a race (the first to finish interrupts the other). Returns the futures."""
+    race = Race() if number == 3 else None
 
-    A tied LP only has to give a bound: a primal-feasible point is enough, so GLOP's IMPRECISE (dual
-    tolerance missed, which weights of thousands of tied actions can cause) counts as a result there.
-    dual_simplex: for the tied primal of phases 2-3; precise: PLAN_PARAMS, to polish a bound (Note [LP tolerance]).
-    """
-    params = PLAN_PARAMS if precise else GLOP_PARAMS if len(lp.obj) <= TIGHT_COLUMNS else ""
-    if dual_simplex:
-        params += " use_dual_simplex: true"
-    if tied:
-        params += " change_status_to_imprecise: false"
-    return solve_glop(lp, params) or solve_glop(lp, " change_status_to_imprecise: false" if tied else "")
+    def job(dual_simplex: bool) -> LPResult | None:
+        result = solve_lp(primal, not exact, deadline, dual_simplex, duals=exact, race=race)
+        if race is not None and result is not None:
+            race.finish()
+        return result
+
+    methods = {1: (False,), 2: (True,), 3: (False, True)}[number]
+    return [pool.submit(job, dual_simplex) for dual_simplex in methods]
 
 
-def _certified(phase: Phase, margins: _Margins) -> tuple[PhaseResult, LPResult, Compressed]:
-    """Solve one phase: tied primal and tied dual in two threads, growing the margin until they meet.
+def _certified(phase: Phase, margins: _Margins, deadline: Deadline) -> _Outcome | None:
+    """Solve one phase: tied primal and tied dual in two threads, growing the margin until U - L <= GAP_TOL.
 
-    The phase value carried on is max(U, L): either may be off by GLOP's tolerance, and a value below the
-    true optimum would make the next phase infeasible.
+    The phase value carried on is max(U, L): U may be off by GLOP's tolerance, and a value below the true
+    optimum would make the next phase infeasible. Out of time (or untied and still short of the bound), the
+    best U found so far comes back FEASIBLE with its gap; None when there is none.
     """
     start = time.perf_counter()
     iterations = 0
     margin = margins.start(phase.number)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        while True:
+    best: tuple[LPResult, Compressed] | None = None
+    best_lower = -INF
+    certified = False
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        while not deadline.expired():
             c = margins.compressed(margin)
             exact = c.ties.num_tied == 0  # the tied primal is then the full LP
-            upper_job = pool.submit(_solve_lp, tied_primal(c, phase), not exact, phase.number >= 2)
-            lower = None if exact else _solve_lp(tied_dual(c, phase), True)
-            upper = upper_job.result()
+            primal = tied_primal(c, phase)
+            upper_jobs = _submit_upper(pool, primal, exact, phase.number, deadline)
+            lower = None if exact else solve_lp(tied_dual(c, phase), True, deadline, phase.number == 3)
+            upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
+                        key=lambda r: r.objective)
             iterations += (upper.iterations if upper else 0) + (lower.iterations if lower else 0)
-            if exact:
-                if upper is None:
-                    raise TfplanError(f"LP phase {PHASE_NAMES[phase.number - 1]}: GLOP did not reach OPTIMAL")
-                value = upper.objective
-                break
-            gap = upper.objective - lower.objective if upper and lower else INF
+            bound = _lower_bound(c, phase, primal, upper, lower)
+            gap = upper.objective - bound if upper else INF
+            scale = max(1.0, abs(upper.objective)) if upper else 1.0
+            claimed = upper.objective if exact and upper else lower.objective if lower else -INF  # GLOP's own L
             log.debug(
-                "phase %d: U=%s L=%s gap=%.3g (%d of %d actions tied, LP columns %d)", phase.number,
-                upper and upper.objective, lower and lower.objective, gap, c.ties.num_tied, c.g.n,
+                "phase %d: U=%s L=%s (GLOP's %s) gap=%.3g (%d of %d actions tied, LP columns %d)", phase.number,
+                upper and upper.objective, bound, claimed, gap, c.ties.num_tied, c.g.n,
                 len(c.free_nodes) + len(c.r_nodes) + c.ties.num_runs,
             )
-            scale = max(1.0, abs(upper.objective)) if upper else 1.0
+            if upper and gap > GAP_TOL * scale and upper.objective - claimed <= GAP_TOL * scale:
+                bound, spent = _tighter_bound(c, phase, primal, upper, lower, bound, margins, deadline)
+                iterations += spent
+                gap = upper.objective - bound
             if GAP_TOL * scale < gap <= SANE_GAP * scale:  # maybe only GLOP's tolerance: polish U first
-                polished = _solve_lp(tied_primal(c, phase), True, precise=True)
+                polished = solve_lp(primal, not exact, deadline, precise=True, duals=exact)
                 if polished is not None:
                     iterations += polished.iterations
                     log.debug("phase %d: U polished %s -> %s", phase.number, upper.objective, polished.objective)
-                    upper, gap = polished, polished.objective - lower.objective
+                    upper = polished
+                    if exact:
+                        bound = max(bound, _lower_bound(c, phase, primal, polished, None, margins.windows()))
+                    gap = upper.objective - bound
+            if upper is not None and (best is None or upper.objective < best[0].objective):
+                best = (upper, c)
+            best_lower = max(best_lower, bound)
             if -NEG_GAP * scale <= gap <= GAP_TOL * scale:  # far below 0 would be numerical trouble
-                value = max(upper.objective, lower.objective)
+                certified = True
+                break
+            if exact:
+                if upper is None and not deadline.expired():
+                    raise TfplanError(f"LP phase {PHASE_NAMES[phase.number - 1]}: GLOP did not reach OPTIMAL on the "
+                                      "full LP")
                 break
             margin = margins.grow(margin)
+    if best is None:
+        return None
+    upper, c = best
+    value = upper.objective
+    gap = None if best_lower == -INF else max(0.0, value - best_lower)
+    if certified:
+        value = max(value, best_lower)
     result = PhaseResult(
-        name=PHASE_NAMES[phase.number - 1], objective=value, status="OPTIMAL", iterations=iterations,
-        wall_s=time.perf_counter() - start,
+        name=PHASE_NAMES[phase.number - 1], objective=value, status=OPTIMAL if certified else FEASIBLE,
+        iterations=iterations, wall_s=time.perf_counter() - start, gap=gap,
     )
-    return result, upper, c
+    return _Outcome(result, upper, c, phase)
 
 
-def _plan(dag: Dag, g: GraphArrays, c: Compressed, upper: LPResult, phase: Phase, best: float,
-          target: float | None):
-    """Ratios and durations of every action from the last phase's tied primal (Note [LP tolerance]).
+def _plan(dag: Dag, g: GraphArrays, last: _Outcome, best: float, target: float | None, deadline: Deadline):
+    """The ratio of every action from the last phase's tied primal (Note [LP tolerance]).
 
-    The plan must keep the rows phase 3 was solved under: its re-simulated makespan within T1 (1 + SIM_TOL)
-    (or the target (1 + SIM_TOL)) and its total freeze within R2's allowance r_ub (+ 1e-10 relative, so that
-    it stays within 2e-9 of R2). If it does not, the last phase is solved again with tighter tolerances
-    (PLAN_PARAMS, with the primal then the dual simplex, then RETRY_PARAMS) and, on instances up to
-    UNTIE_LIMIT actions, untied (the full LP, as tfplan.solver); the first plan that fits is kept, else the
-    one that misses least (with a warning).
+    The plan must keep the rows its phase was solved under: its re-simulated makespan within T1 (1 + SIM_TOL)
+    (or the target (1 + SIM_TOL)) and, in phase 3, its total freeze within R2's allowance r_ub (+ 1e-10
+    relative, so that it stays within 2e-9 of R2). If it does not, the phase is solved again with tighter
+    tolerances (PLAN_PARAMS, with the primal then the dual simplex, then RETRY_PARAMS) and, on instances up to
+    UNTIE_LIMIT actions, untied (the full LP, as tfplan.solver), while time is left; the first plan that fits
+    is kept, else the one that misses least (with a warning).
     """
+    c, upper, phase = last.c, last.upper, last.phase
     t_bound = (best if target is None else max(target, best)) * (1 + SIM_TOL)
     r_bound = phase.r_ub + 1e-10 * max(1.0, phase.r_ub)
     attempts = [(c, None), (c, PLAN_PARAMS), (c, PLAN_PARAMS + " use_dual_simplex: true"), (c, RETRY_PARAMS)]
@@ -367,7 +418,10 @@ def _plan(dag: Dag, g: GraphArrays, c: Compressed, upper: LPResult, phase: Phase
         attempts.append((Compressed(g, Ties.none(g.n)), PLAN_PARAMS))
     best_plan = None
     for comp, params in attempts:
-        result = upper if params is None else solve_glop(tied_primal(comp, phase), params)
+        if params is not None and deadline.expired():
+            break
+        limit = None if deadline.limit_s is None else deadline.remaining()
+        result = upper if params is None else solve_glop(tied_primal(comp, phase), params, limit)
         if result is None or abs(result.objective - upper.objective) > 1e-7 * max(1.0, abs(upper.objective)):
             continue
         ratios = expand_ratios(comp, result.x)
@@ -380,10 +434,7 @@ def _plan(dag: Dag, g: GraphArrays, c: Compressed, upper: LPResult, phase: Phase
             break
         log.debug("fastlp: plan misses its bounds by %.3g (makespan %.15g of %.15g, total freeze %.15g of %.15g); "
                   "re-solving the last phase", miss, makespan, t_bound, total, r_bound)
-    miss, ratios, durations = best_plan
+    miss, ratios, _ = best_plan
     if miss > 0.0:
         log.warning("fastlp: the plan misses its makespan or total-freeze bound by %.3g (relative)", miss)
-    counts = np.bincount(g.stage[g.frz], minlength=len(phase.caps))
-    sums = np.bincount(g.stage[g.frz], weights=ratios[g.frz], minlength=len(phase.caps))
-    assert np.all(sums <= phase.caps * counts + 1e-6 * np.maximum(1, counts)), "fastlp: a cap is violated"
-    return ratios, durations
+    return ratios

@@ -2,7 +2,7 @@
 
 Part of tfplan.fastlp (the Note [periodic compression] there explains the method). Three steps:
   GraphArrays.from_dag   the Dag's lists as flat numpy arrays (n = actions), with the LP's precedence rows:
-                         the same set as solver.precedence_rows, vectorised;
+                         the same set as lp.precedence_rows, vectorised;
   Runs.detect            maximal chains of repeating actions (same stage and kind, q micro-batches apart,
                          shifted predecessors);
   Runs.ties              node v "ties" to a representative rep[v] of its run, off[v] periods later, leaving
@@ -23,7 +23,7 @@ KIND_CODE = {"F": 0, "B": 1, "I": 2, "W": 3}
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GraphArrays:
-    """A Dag as flat arrays, plus its LP rows (Note [redundant rows] in tfplan.solver)."""
+    """A Dag as flat arrays, plus its LP rows (Note [redundant rows] in tfplan.lp)."""
 
     n: int
     """Number of actions."""
@@ -44,7 +44,7 @@ class GraphArrays:
     d_max: np.ndarray
     """(n,) float: unfrozen duration (ms)."""
     delta: np.ndarray
-    """(n,) float: d_max - d_min for actions in a freeze group (solver.freeze_groups), else 0 (ms)."""
+    """(n,) float: d_max - d_min for actions in a freeze group (Dag.freeze_mask), else 0 (ms)."""
     frz: np.ndarray
     """(n,) bool: the action is in its stage's freeze group (has a ratio variable)."""
     row_u: np.ndarray
@@ -55,6 +55,8 @@ class GraphArrays:
     """(E,) float: lag of each precedence row (ms)."""
     sinks: np.ndarray
     """Sorted node ids without successors (rows T >= t_u + d_u)."""
+    topo: np.ndarray
+    """(n,) int: a topological order of the nodes (the Dag's)."""
 
     @classmethod
     def from_dag(cls, dag: Dag) -> GraphArrays:
@@ -68,13 +70,13 @@ class GraphArrays:
         lags = np.stack([np.fromiter(x, np.float64, n) for x in dag.lags]) if n else np.zeros((3, 0))
         d_max = np.asarray(dag.d_max, dtype=np.float64)
         d_min = np.asarray(dag.d_min, dtype=np.float64)
-        frz = np.asarray(dag.freezable, dtype=bool) & (d_max > d_min)  # = solver.freeze_groups
+        frz = np.fromiter(dag.freeze_mask(), bool, n)
         delta = np.where(frz, d_max - d_min, 0.0)
         row_u, row_v, row_lag, sinks = _rows(n, rank, preds, lags)
         return cls(
             n=n, cls=stage * 4 + kind, mb=mb, stage=stage, rank=rank, pos=_positions(preds[0]),
             preds=preds, lags=lags, d_max=d_max, delta=delta, frz=frz,
-            row_u=row_u, row_v=row_v, row_lag=row_lag, sinks=sinks,
+            row_u=row_u, row_v=row_v, row_lag=row_lag, sinks=sinks, topo=np.fromiter(dag.topo, np.int64, n),
         )
 
 
@@ -98,7 +100,7 @@ def _positions(prev: np.ndarray) -> np.ndarray:
 
 
 def _rows(n: int, rank: np.ndarray, preds: np.ndarray, lags: np.ndarray):
-    """Precedence rows and sinks, exactly as solver.precedence_rows (order aside).
+    """Precedence rows and sinks, exactly as lp.precedence_rows (order aside).
 
     A pair (u, v) linked through two slots of v gives one row with the larger lag; no sort is needed
     because duplicates can only sit in the slots of one node.

@@ -2,13 +2,17 @@
 
 Part of tfplan.fastlp; Note [periodic compression] there says why both are exact bounds. Both are built
 as sparse COO matrices (numpy) from GraphArrays + Ties; tfplan.fastlp hands them to GLOP. Phases follow
-Note [three-phase LP] in tfplan.solver:
-  phase 1  min T;   phase 2  min sum r, T <= t_ub;   phase 3  min sum_s z_s, also sum r <= r_ub, z_s >= r_a.
+Note [three-phase LP] in tfplan.lp:
+  phase 1  min T;   phase 2  min sum r, T <= t_ub;
+  phase 3  min 2 sum e, also sum r <= r_ub, |A_s| mu_s = sum_{a in A_s} r_a, e_a >= r_a - mu_s (e_a >= 0).
+Tied actions share r, so they share e (= max(0, r - mu_s) at the optimum): a tied e column weighs as many
+actions as it stands for, like its r column; mu_s is one column per stage. dual_layout names the tied dual's columns,
+which tfplan.fastlp_bound expands into a dual vector of the full LP.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +34,11 @@ class SparseLP:
     row_lo: np.ndarray
     row_hi: np.ndarray
     maximize: bool = False
+    blocks: dict[str, slice] = field(default_factory=dict)
+    """Row blocks by name (tied_primal: "prec", "sink", "cap", "total", "mean", "dev", "tau"), so
+    that the duals of an untied primal can be read as a dual vector of the full LP (fastlp_bound)."""
+    prec_rows: np.ndarray | None = None
+    """tied_primal: the GraphArrays precedence row of each row of the "prec" block."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,6 +53,9 @@ class Phase:
     """Bound on T (phases 2-3)."""
     r_ub: float = INF
     """Bound on sum of ratios (phase 3)."""
+    t_max: float = INF
+    """A bound on T that some optimal solution keeps (phase 1: the unfrozen makespan; phases 2-3: t_ub). Not a
+    row of the LP: the safe lower bound of fastlp_bound needs finite bounds on t and T."""
 
 
 class Compressed:
@@ -89,18 +101,24 @@ class Compressed:
         # Phase 3 and the caps need the stage of every ratio column.
         self.r_stage = g.stage[self.r_nodes]
         self.stage_size = np.bincount(g.stage[g.frz], minlength=self.num_stages)  # |A_s|
+        self.stages = np.flatnonzero(self.stage_size)  # stages with a freeze group: one cap (and mu) each
+        self.stage_idx = np.full(self.num_stages, -1)
+        self.stage_idx[self.stages] = np.arange(len(self.stages))
+        self.weight = self.count[self.r_nodes].astype(np.float64)  # actions per ratio column
 
 
 def tied_primal(c: Compressed, phase: Phase) -> SparseLP:
     """The LP with tied variables (a restriction: its optimum is >= the true one).
 
-    Columns: t per free node, tau per run, r per ratio column, T, then z per stage (phase 3).
+    Columns: t per free node, tau per run, r per ratio column, T, then (phase 3) mu per capped stage and e per
+    ratio column.
     """
     g, ties = c.g, c.ties
-    nt, nr, ntau = len(c.free_nodes), len(c.r_nodes), ties.num_runs
-    S = c.num_stages
-    col = {"t": 0, "tau": nt, "r": nt + ntau, "T": nt + ntau + nr, "z": nt + ntau + nr + 1}
-    ncols = col["z"] + (S if phase.number == 3 else 0)
+    nt, nr, ntau, ns = len(c.free_nodes), len(c.r_nodes), ties.num_runs, len(c.stages)
+    three = phase.number == 3
+    col = {"t": 0, "tau": nt, "r": nt + ntau, "T": nt + ntau + nr, "mu": nt + ntau + nr + 1}
+    col["e"] = col["mu"] + ns
+    ncols = col["e"] + nr if three else col["mu"]
     # Precedence rows: within a tied group only the extreme offsets (the row is affine in off_u).
     u, v, lag, grp = g.row_u, g.row_v, g.row_lag, c.row_group
     order = np.lexsort((ties.off[u], grp))
@@ -113,6 +131,7 @@ def tied_primal(c: Compressed, phase: Phase) -> SparseLP:
     u, v, lag = u[pick], v[pick], lag[pick]
     m = len(u)
     ri, ci, val = [], [], []
+    blocks: dict[str, slice] = {}
 
     def t_terms(rows, nodes, sign):
         ri.append(rows)
@@ -129,14 +148,18 @@ def tied_primal(c: Compressed, phase: Phase) -> SparseLP:
         ci.append(col["r"] + c.rcol[ties.rep[nodes[f]]])
         val.append(g.delta[nodes[f]])
 
-    rows = np.arange(m)
+    def block(name: str, start: int, size: int) -> np.ndarray:
+        blocks[name] = slice(start, start + size)
+        return start + np.arange(size)
+
+    rows = block("prec", 0, m)
     t_terms(rows, v, 1.0)
     t_terms(rows, u, -1.0)
     r_terms(rows, u)
     lo = [g.d_max[u] + lag]
     # Sink rows T >= t_u + d_u.
     sk = g.sinks
-    rows = m + np.arange(len(sk))
+    rows = block("sink", m, len(sk))
     ri.append(rows)
     ci.append(np.full(len(sk), col["T"]))
     val.append(np.ones(len(sk)))
@@ -146,42 +169,49 @@ def tied_primal(c: Compressed, phase: Phase) -> SparseLP:
     nrow = m + len(sk)
     hi = [np.full(nrow, INF)]
     # Caps: sum over the stage's ratio columns, each weighted by the nodes it stands for.
-    weight = c.count[c.r_nodes].astype(np.float64)
-    stages = np.flatnonzero(c.stage_size)
-    cap_row = np.full(S, -1)
-    cap_row[stages] = nrow + np.arange(len(stages))
-    ri.append(cap_row[c.r_stage])
-    ci.append(col["r"] + np.arange(nr))
-    val.append(weight)
-    lo.append(np.full(len(stages), -INF))
-    hi.append(phase.caps[stages] * c.stage_size[stages])
-    nrow += len(stages)
+    r_cols = col["r"] + np.arange(nr)
+    r_stage = c.stage_idx[c.r_stage]  # capped-stage index of each ratio column
+    block("cap", nrow, ns)
+    ri.append(nrow + r_stage)
+    ci.append(r_cols)
+    val.append(c.weight)
+    lo.append(np.full(ns, -INF))
+    hi.append(phase.caps[c.stages] * c.stage_size[c.stages])
+    nrow += ns
     obj = np.zeros(ncols)
     if phase.number == 1:
         obj[col["T"]] = 1.0
     elif phase.number == 2:
-        obj[col["r"]: col["r"] + nr] = weight
+        obj[r_cols] = c.weight
     else:
-        ri.append(np.full(nr, nrow))  # total freeze kept
-        ci.append(col["r"] + np.arange(nr))
-        val.append(weight)
+        rows = block("total", nrow, 1)  # total freeze kept
+        ri.append(np.repeat(rows, nr))
+        ci.append(r_cols)
+        val.append(c.weight)
         lo.append(np.array([-INF]))
         hi.append(np.array([phase.r_ub]))
-        nrow += 1
-        rows = nrow + np.arange(nr)  # z_s - r >= 0
-        ri += [rows, rows]
-        ci += [col["z"] + c.r_stage, col["r"] + np.arange(nr)]
-        val += [np.ones(nr), -np.ones(nr)]
+        rows = block("mean", nrow + 1, ns)  # |A_s| mu_s - sum_{a in A_s} r_a = 0
+        ri += [rows, rows[r_stage]]
+        ci += [col["mu"] + np.arange(ns), r_cols]
+        val += [c.stage_size[c.stages].astype(np.float64), -c.weight]
+        lo.append(np.zeros(ns))
+        hi.append(np.zeros(ns))
+        nrow += 1 + ns
+        e_cols = col["e"] + np.arange(nr)
+        rows = block("dev", nrow, nr)  # e - r + mu >= 0 (Note [one-sided deviation] in tfplan.lp)
+        ri += [rows, rows, rows]
+        ci += [e_cols, r_cols, col["mu"] + r_stage]
+        val += [np.ones(nr), -np.ones(nr), np.ones(nr)]
         lo.append(np.zeros(nr))
         hi.append(np.full(nr, INF))
         nrow += nr
-        obj[col["z"] + stages] = 1.0
+        obj[e_cols] = 2.0 * c.weight
     # A run's start times may fall (looped BFS runs backwards in reverse micro-batch order): tau is free,
     # and t >= 0 is kept for the last node of each run (t_rep >= 0 covers the first; affine in between).
     span = np.zeros(ntau, dtype=np.int64)
     tied = np.flatnonzero(ties.run >= 0)
     np.maximum.at(span, ties.run[tied], ties.off[tied])
-    rows = nrow + np.arange(ntau)
+    rows = block("tau", nrow, ntau)
     reps = np.zeros(ntau, dtype=np.int64)
     reps[ties.run[tied]] = ties.rep[tied]
     ri += [rows, rows]
@@ -193,11 +223,11 @@ def tied_primal(c: Compressed, phase: Phase) -> SparseLP:
     lb = np.zeros(ncols)
     lb[col["tau"]: col["tau"] + ntau] = -INF
     ub = np.full(ncols, INF)
-    ub[col["r"]: col["r"] + nr] = 1.0
+    ub[r_cols] = 1.0
     ub[col["T"]] = phase.t_ub
     return SparseLP(
         obj=obj, lb=lb, ub=ub, ri=np.concatenate(ri), ci=np.concatenate(ci), val=np.concatenate(val),
-        row_lo=np.concatenate(lo), row_hi=np.concatenate(hi),
+        row_lo=np.concatenate(lo), row_hi=np.concatenate(hi), blocks=blocks, prec_rows=pick,
     )
 
 
@@ -251,43 +281,47 @@ def _incidence(c: Compressed, sink_var: np.ndarray) -> tuple[np.ndarray, np.ndar
     return mats[0], mats[1]
 
 
+def dual_layout(c: Compressed, phase: Phase) -> dict[str, slice]:
+    """The tied dual's columns, by name: y per row group, kappa per sink row, lambda per capped stage, beta per
+    ratio column (its r <= 1), theta (T <= t_ub, when bounded), and in phase 3 rho (sum r <= r_ub), sigma per
+    capped stage (its mean row; free) and p per ratio column (e >= r - mu)."""
+    three = phase.number == 3
+    sizes = [
+        ("y", c.num_groups), ("kappa", len(c.g.sinks)), ("lambda", len(c.stages)), ("beta", len(c.r_nodes)),
+        ("theta", int(phase.t_ub < INF)), ("rho", int(three)), ("sigma", len(c.stages) if three else 0),
+        ("p", len(c.r_nodes) if three else 0),
+    ]
+    layout, at = {}, 0
+    for name, size in sizes:
+        layout[name] = slice(at, at + size)
+        at += size
+    return layout
+
+
 def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
     """The dual LP with tied dual variables (a restriction of the dual: its optimum is <= the true one).
 
-    Columns (all >= 0): y per row group, kappa per sink row, lambda per capped stage, mu per ratio column
-    (its r <= 1 bound), theta (T <= t_ub), rho (sum r <= r_ub) and zeta per ratio column (z_s >= r).
-    Rows: one per primal column of the full LP (t_v, r_a, T, z_s), identical rows kept once.
+    Columns: dual_layout (all >= 0 but sigma). Rows: one per primal column of the full LP (t_v, r_a, T, and in
+    phase 3 mu_s, e_a), identical rows kept once.
     """
     g, ties = c.g, c.ties
-    n, G, S = g.n, c.num_groups, c.num_stages
-    nr = len(c.r_nodes)
+    n = g.n
+    nr, ns = len(c.r_nodes), len(c.stages)
     sk = g.sinks
-    stages = np.flatnonzero(c.stage_size)
-    stage_idx = np.full(S, -1)
-    stage_idx[stages] = np.arange(len(stages))
     three = phase.number == 3
-    has_theta = phase.t_ub < INF
-    col = {"y": 0, "k": G}
-    col["l"] = col["k"] + len(sk)
-    col["mu"] = col["l"] + len(stages)
-    col["theta"] = col["mu"] + nr
-    col["rho"] = col["theta"] + int(has_theta)
-    col["zeta"] = col["rho"] + int(three)
-    ncols = col["zeta"] + (nr if three else 0)
+    col = dual_layout(c, phase)
+    ncols = col["p"].stop
     obj = np.zeros(ncols)
     # Objective: right-hand sides, each tied group counted once per row it stands for.
-    grp_rhs = np.zeros(G)
+    grp_rhs = np.zeros(c.num_groups)
     grp_rhs[c.row_group] = g.d_max[g.row_u] + g.row_lag
-    obj[:G] = grp_rhs * c.group_size
-    obj[col["k"]: col["l"]] = g.d_max[sk]
-    obj[col["l"]: col["mu"]] = -phase.caps[stages] * c.stage_size[stages]
-    weight = c.count[c.r_nodes].astype(np.float64)
-    obj[col["mu"]: col["theta"]] = -weight
-    if has_theta:
-        obj[col["theta"]] = -phase.t_ub
-    if three:
-        obj[col["rho"]] = -phase.r_ub
-    sink_var = col["k"] + np.arange(len(sk))
+    obj[col["y"]] = grp_rhs * c.group_size
+    obj[col["kappa"]] = g.d_max[sk]
+    obj[col["lambda"]] = -phase.caps[c.stages] * c.stage_size[c.stages]
+    obj[col["beta"]] = -c.weight
+    obj[col["theta"]] = -phase.t_ub
+    obj[col["rho"]] = -phase.r_ub
+    sink_var = col["kappa"].start + np.arange(len(sk))
     inc_in, inc_out = _incidence(c, sink_var)
     tied = ties.rep != np.arange(n)
     ri, ci, val, hi = [], [], [], []
@@ -303,7 +337,7 @@ def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
         val.append(np.full(len(rows), sign))
     hi.append(np.zeros(len(keep_t)))
     nrow += len(keep_t)
-    # r-constraints: delta (out-rows + kappa) - lambda_s - rho - zeta - mu <= c_r.
+    # r-constraints: delta (out-rows + kappa) - lambda_s - beta [- rho - sigma_s - p] <= c_r.
     frz = g.frz
     cand = np.flatnonzero(tied & frz)
     sig = np.hstack([ties.run[cand, None], inc_out[cand]])
@@ -315,33 +349,40 @@ def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
     val.append(g.delta[keep_r][rows])
     rows = nrow + np.arange(len(keep_r))
     rc = c.rcol[ties.rep[keep_r]]
+    stage = c.stage_idx[g.stage[keep_r]]
+    ones = np.ones(len(rows))
     ri += [rows, rows]
-    ci += [col["l"] + stage_idx[g.stage[keep_r]], col["mu"] + rc]
-    val += [-np.ones(len(rows)), -np.ones(len(rows))]
+    ci += [col["lambda"].start + stage, col["beta"].start + rc]
+    val += [-ones, -ones]
     if three:
-        ri += [rows, rows]
-        ci += [np.full(len(rows), col["rho"]), col["zeta"] + rc]
-        val += [-np.ones(len(rows)), -np.ones(len(rows))]
+        ri += [rows] * 3
+        ci += [np.full(len(rows), col["rho"].start), col["sigma"].start + stage, col["p"].start + rc]
+        val += [-ones, -ones, -ones]
     hi.append(np.full(len(rows), 1.0 if phase.number == 2 else 0.0))
     nrow += len(rows)
     # T: sum kappa - theta <= 1 (phase 1) or 0.
-    ri.append(np.full(len(sk), nrow))
-    ci.append(sink_var)
-    val.append(np.ones(len(sk)))
-    if has_theta:
-        ri.append(np.array([nrow]))
-        ci.append(np.array([col["theta"]]))
-        val.append(np.array([-1.0]))
+    ri.append(np.full(len(sk) + int(phase.t_ub < INF), nrow))
+    ci += [sink_var, np.arange(col["theta"].start, col["theta"].stop)]
+    val += [np.ones(len(sk)), -np.ones(col["theta"].stop - col["theta"].start)]
     hi.append(np.array([1.0 if phase.number == 1 else 0.0]))
     nrow += 1
-    if three:  # z_s: sum over the stage's (tied) zeta <= 1
-        ri.append(nrow + stage_idx[c.r_stage])
-        ci.append(col["zeta"] + np.arange(nr))
-        val.append(weight)
-        hi.append(np.ones(len(stages)))
-        nrow += len(stages)
+    if three:
+        # mu_s: |A_s| sigma_s + sum_{a in A_s} p_a <= 0, a tied p counted once per action.
+        ri += [nrow + np.arange(ns), nrow + c.stage_idx[c.r_stage]]
+        ci += [col["sigma"].start + np.arange(ns), col["p"].start + np.arange(nr)]
+        val += [c.stage_size[c.stages].astype(np.float64), c.weight]
+        hi.append(np.zeros(ns))
+        nrow += ns
+        # e_a: p_a <= 2, its cost (identical for the actions of one ratio column: kept once).
+        ri.append(nrow + np.arange(nr))
+        ci.append(col["p"].start + np.arange(nr))
+        val.append(np.ones(nr))
+        hi.append(np.full(nr, 2.0))
+        nrow += nr
     hi = np.concatenate(hi)
+    lb = np.zeros(ncols)
+    lb[col["sigma"]] = -INF
     return SparseLP(
-        obj=obj, lb=np.zeros(ncols), ub=np.full(ncols, INF), ri=np.concatenate(ri), ci=np.concatenate(ci),
+        obj=obj, lb=lb, ub=np.full(ncols, INF), ri=np.concatenate(ri), ci=np.concatenate(ci),
         val=np.concatenate(val), row_lo=np.full(len(hi), -INF), row_hi=hi, maximize=True,
     )

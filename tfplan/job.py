@@ -12,6 +12,7 @@ from tfplan import dag as dag_mod
 from tfplan import profile as profile_mod
 from tfplan import schedules
 from tfplan.errors import TfplanError
+from tfplan.lp import DEFAULT_TIME_LIMIT_S, UnreachableTarget, check_caps, check_time_limit
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,29 +109,30 @@ def check_backend(backend: str) -> None:
 
 
 def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
-              backend: str = "auto"):
+              backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S):
     """The three-phase LP by the chosen backend: "glop" (tfplan.solver, the full LP), "fastlp" (tfplan.fastlp,
-    periodic compression, same optima) or "auto" (by size, AUTO_FASTLP_ACTIONS)."""
+    periodic compression, same optima) or "auto" (by size, AUTO_FASTLP_ACTIONS); time_limit_s: seconds for the
+    solve (None: none). Returns an lp.Solution (status FEASIBLE when fastlp ran out of time)."""
     from tfplan import fastlp, solver
 
     check_backend(backend)
     if backend == "fastlp" or (backend == "auto" and dag.num_nodes > AUTO_FASTLP_ACTIONS):
-        return fastlp.solve(dag, caps, target_makespan_ms)
-    return solver.solve(dag, caps, target_makespan_ms)
+        return fastlp.solve(dag, caps, target_makespan_ms, time_limit_s)
+    return solver.solve(dag, caps, target_makespan_ms, time_limit_s)
 
 
 def solve_job(spec: JobSpec, caps: Sequence[float] | float, target_speedup: float | None = None,
-              backend: str = "auto"):
+              backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S):
     """Profile + schedule -> solved Plan (the library call behind `tfplan solve`)."""
     from tfplan import plan as plan_mod
-    from tfplan import solver
 
+    check_time_limit(time_limit_s)
     profile, schedule, dag = build(spec)
-    caps = solver.check_caps(caps, schedule.num_stages)
+    caps = check_caps(caps, schedule.num_stages)
     target = None if target_speedup is None else target_makespan(dag, target_speedup)
     try:
-        solution = solve_dag(dag, caps, target, backend)
-    except solver.UnreachableTarget as exc:
+        solution = solve_dag(dag, caps, target, backend, time_limit_s)
+    except UnreachableTarget as exc:
         none = plan_mod.predict(dag, [0.0] * dag.num_nodes)[0].no_freeze_ms
         raise TfplanError(
             f"--target-speedup {target_speedup:g} is unreachable under the caps; the best they allow is "

@@ -21,11 +21,11 @@ from tfplan.actions import parse_action
 from tfplan.dag import Dag, build
 from tfplan.errors import TfplanError
 from tfplan.fileio import write_json_atomic, write_text_atomic
+from tfplan.lp import CAP_TOL, Solution, SolverRecord
 from tfplan.simulate import Simulation, simulate
-from tfplan.solver import Solution, freeze_groups
 
-SCHEMA_VERSION = 1
-CAP_TOL = 1e-7  # a stage's mean ratio may exceed its cap by this much (LP tolerances)
+SCHEMA_VERSION = 2  # 2: solver.phases[i].gap, solver.time_limit_s, status FEASIBLE, the new even_spread
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,8 +80,8 @@ class Plan:
     ratios: tuple[float, ...]
     """Freeze ratio per DAG node (0 for F, I and actions freezing cannot shorten)."""
     predicted: Predicted
-    solver: dict[str, Any]
-    """Backend, status, per-phase results, wall_s; empty for plans not made by the LP."""
+    solver: SolverRecord | None
+    """Backend, status, per-phase results and gaps, times (lp.SolverRecord); None for plans not made by the LP."""
     target_speedup: float | None = None
 
     @property
@@ -90,7 +90,7 @@ class Plan:
 
     def mean_ratio_per_stage(self) -> list[float]:
         """Mean freeze ratio over each stage's freezable actions (0 for a stage with none)."""
-        return [sum(self.ratios[v] for v in g) / len(g) if g else 0.0 for g in freeze_groups(self.dag)]
+        return [sum(self.ratios[v] for v in g) / len(g) if g else 0.0 for g in self.dag.freeze_groups()]
 
     def ratio_of(self) -> dict[str, float]:
         """Action string -> freeze ratio, for every action."""
@@ -102,7 +102,7 @@ def predict(dag: Dag, ratios: Sequence[float]) -> tuple[Predicted, Simulation]:
     planned = simulate(dag, dag.durations(ratios))
     none = simulate(dag)
     frozen = simulate(dag, dag.d_min)
-    groups = [v for g in freeze_groups(dag) for v in g]
+    groups = [v for g in dag.freeze_groups() for v in g]
     mean = sum(ratios[v] for v in groups) / len(groups) if groups else 0.0
     uniform = simulate(dag, dag.durations(mean))
     return (
@@ -129,23 +129,6 @@ def make_plan(
 ) -> Plan:
     """Wrap a solver solution into a Plan with predictions."""
     predicted, _ = predict(dag, solution.ratios)
-    solver = {
-        "backend": solution.backend,
-        "status": "OPTIMAL",
-        "lp_makespan_ms": solution.makespan_ms,
-        "phases": [
-            {
-                "name": p.name,
-                "objective": p.objective,
-                "status": p.status,
-                "iterations": p.iterations,
-                "wall_s": p.wall_s,
-            }
-            for p in solution.phases
-        ],
-        "build_s": solution.build_s,
-        "wall_s": solution.wall_s,
-    }
     return Plan(
         dag=dag,
         profile_name=profile.name,
@@ -153,7 +136,7 @@ def make_plan(
         caps=tuple(caps),
         ratios=tuple(solution.ratios),
         predicted=predicted,
-        solver=solver,
+        solver=solution.record(),
         target_speedup=target_speedup,
     )
 
@@ -198,7 +181,7 @@ def to_dict(plan: Plan) -> dict[str, Any]:
             }
             for v, a in enumerate(dag.actions)
         ],
-        "solver": plan.solver,
+        "solver": None if plan.solver is None else plan.solver.to_dict(),
     }
 
 
@@ -238,8 +221,10 @@ def from_dict(obj: Any) -> Plan:
     """
     if not isinstance(obj, dict):
         raise TfplanError("plan: must be a JSON object")
-    if type(obj.get("schema_version")) is not int or obj["schema_version"] != SCHEMA_VERSION:
-        raise TfplanError(f"schema_version: must be {SCHEMA_VERSION}, got {json.dumps(obj.get('schema_version'))}")
+    version = obj.get("schema_version")
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise TfplanError(f"schema_version: must be {' or '.join(map(str, READABLE_VERSIONS))}, got "
+                          f"{json.dumps(version)}")
     sched_obj = _require(obj, "schedule", dict, "")
     order_obj = _require(sched_obj, "order", list, "schedule.")
     try:
@@ -283,8 +268,8 @@ def from_dict(obj: Any) -> Plan:
     if missing or len(ratio_of) != len(names):
         extra = sorted(set(ratio_of) - set(names))
         raise TfplanError(f"actions: must list every scheduled action once (missing {missing[:3]}, extra {extra[:3]})")
-    for v, n in enumerate(names):
-        if ratio_of[n] > 0 and not (dag.freezable[v] and dag.d_max[v] > dag.d_min[v]):
+    for n, can_freeze in zip(names, dag.freeze_mask()):
+        if ratio_of[n] > 0 and not can_freeze:
             raise TfplanError(f"actions: {n} has freeze_ratio {ratio_of[n]:g}, but freezing cannot shorten it")
     ratios = tuple(ratio_of[n] for n in names)
     target = obj.get("target_speedup")
@@ -297,13 +282,22 @@ def from_dict(obj: Any) -> Plan:
         caps=tuple(float(c) for c in caps),
         ratios=ratios,
         predicted=predict(dag, ratios)[0],
-        solver=obj.get("solver", {}) if isinstance(obj.get("solver", {}), dict) else {},
+        solver=_solver_record(obj, version),
         target_speedup=target,
     )
     for s, (mean, cap) in enumerate(zip(plan.mean_ratio_per_stage(), plan.caps)):
-        if mean > cap + CAP_TOL:
-            raise TfplanError(f"mean_freeze_ratio: stage {s} freezes {mean:.6g} on average, above its cap {cap:g}")
+        if mean - cap > CAP_TOL:
+            raise TfplanError(f"mean_freeze_ratio: stage {s} freezes {mean:.6g} on average, above its cap {cap:g} "
+                              f"(tolerance {CAP_TOL:g})")
     return plan
+
+
+def _solver_record(obj: dict[str, Any], version: int) -> SolverRecord | None:
+    """The plan's solver section: null, absent or (version 1 only) {} for a plan not made by the LP."""
+    section = obj.get("solver")
+    if section is None or (version == 1 and section == {}):
+        return None
+    return SolverRecord.from_dict(section, "solver", version)
 
 
 def load(path: str | Path) -> Plan:

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tfplan.actions import parse_action
 from tfplan.dag import Dag
 from tfplan.simulate import Simulation, simulate
 
@@ -143,13 +144,9 @@ def grid_table(order_rows: Sequence[Sequence[str]], title: str) -> Table:
     for step in range(steps):
         table.add_column(str(step), justify="center")
     for r, row in enumerate(order_rows):
-        cells = [Text(a, style=KIND_STYLE[_kind(a)]) for a in row] + [Text("")] * (steps - len(row))
+        cells = [Text(a, style=KIND_STYLE[parse_action(a).kind]) for a in row] + [Text("")] * (steps - len(row))
         table.add_row(str(r), *cells)
     return table
-
-
-def _kind(action: str) -> str:
-    return next(ch for ch in action if ch in "FBIW")
 
 
 def plan_summary(plan) -> Table:
@@ -261,21 +258,25 @@ def sweep_table(rows, title: str):
             note = Text(f"n/a [{reasons.index(r.skipped) + 1}]", style="dim")
             table.add_row(r.schedule, str(r.num_microbatches), f"{r.cap:g}", note)
             continue
+        feasible = r.status == "FEASIBLE"
         table.add_row(
             r.schedule,
             str(r.num_microbatches),
             f"{r.cap:g}",
             f"{r.no_freeze_ms:.3f}",
             f"{r.planned_ms:.3f}",
-            Text(f"{r.speedup:.3f}x", style="bold"),
+            Text(f"{r.speedup:.3f}x" + ("*" if feasible else ""), style="bold"),
             f"{r.bubble_before:.1%}",
             f"{r.bubble_after:.1%}",
             f"{r.mean_freeze_ratio:.3f}",
             f"{r.uniform_speedup:.3f}x",
             f"{r.uniform_ms / r.planned_ms:.3f}x",
         )
-    notes = Text("".join(f"[{i}] {reason}\n" for i, reason in enumerate(reasons, start=1)), style="dim")
-    return Group(table, notes) if reasons else table
+    lines = [f"[{i}] {reason}\n" for i, reason in enumerate(reasons, start=1)]
+    if any(r.status == "FEASIBLE" for r in rows):
+        lines.append("* feasible, not certified optimal: the time limit stopped the solve (--time-limit)\n")
+    notes = Text("".join(lines), style="dim")
+    return Group(table, notes) if lines else table
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -329,14 +330,19 @@ def plan_json(plan_obj) -> dict:
         "max_freeze_ratio": list(plan_obj.caps),
         "mean_freeze_ratio": plan_obj.mean_ratio_per_stage(),
         **p.to_dict(),
-        "solver": plan_obj.solver,
+        "solver": None if plan_obj.solver is None else plan_obj.solver.to_dict(),
     }
 
 
 def plan_title(plan_obj) -> str:
     s = plan_obj.schedule
     solver = plan_obj.solver
-    solved = f", solved by {solver['backend']} in {solver['wall_s']:.3f} s" if solver else ""
+    solved = ""
+    if solver is not None:
+        solved = f", solved by {solver.backend} in {solver.wall_s:.3f} s"
+        if solver.status != "OPTIMAL":
+            gaps = [f"{p.name} gap {p.gap:.3g}" for p in solver.phases if p.gap is not None and p.status != "OPTIMAL"]
+            solved += f" ({solver.status}, not certified optimal{': ' + ', '.join(gaps) if gaps else ''})"
     return (
         f"{s.name}: {s.num_ranks} ranks, {s.num_stages} stages, {s.num_microbatches} micro-batches, "
         f"profile {plan_obj.profile_name}{solved}"

@@ -11,6 +11,7 @@ from tfplan import plan as plan_mod
 from tfplan.dag import build
 from tfplan.errors import TfplanError
 from tfplan.job import JobSpec, check_backend, resolve_schedule, solve_dag
+from tfplan.lp import DEFAULT_TIME_LIMIT_S, TimeLimitReached, check_time_limit
 from tfplan.profile import load
 from tfplan.schedules import get_spec
 
@@ -38,6 +39,8 @@ class SweepRow:
     uniform_speedup: float | None = None
     all_frozen_ms: float | None = None
     solve_s: float | None = None
+    status: str | None = None
+    """The solve's status: OPTIMAL, or FEASIBLE when the time limit stopped it (lp.SolverRecord)."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -53,15 +56,18 @@ def sweep(
     layers_per_stage: Sequence[int] | None = None,
     on_row: Callable[[SweepRow], None] | None = None,
     backend: str = "auto",
+    time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
 ) -> list[SweepRow]:
-    """Solve every combination; combinations a schedule cannot run are returned with `skipped` set.
+    """Solve every combination; combinations a schedule cannot run, or without a feasible plan within the time
+    limit (per solve), are returned with `skipped` set.
 
     Raises:
-        TfplanError: a bad profile, unknown schedule name or cap outside [0, 1] (before any solving).
+        TfplanError: a bad profile, unknown schedule name, cap outside [0, 1] or time limit (before any solving).
     """
     profile = load(profile_path)
     check_caps_list(caps)
     check_backend(backend)
+    check_time_limit(time_limit_s)
     for name in schedule_names:
         get_spec(name)  # an unknown name is the user's mistake, not a combination to skip
     rows = []
@@ -86,7 +92,14 @@ def sweep(
                         on_row(row)
                 continue
             for c in caps:
-                solution = solve_dag(dag, c, backend=backend)
+                try:
+                    solution = solve_dag(dag, c, backend=backend, time_limit_s=time_limit_s)
+                except TimeLimitReached as exc:
+                    row = SweepRow(schedule=schedule.name, num_microbatches=m, cap=c, skipped=str(exc))
+                    rows.append(row)
+                    if on_row:
+                        on_row(row)
+                    continue
                 plan = plan_mod.make_plan(dag, solution, [c] * schedule.num_stages, profile)
                 p = plan.predicted
                 row = SweepRow(
@@ -105,6 +118,7 @@ def sweep(
                     uniform_speedup=p.no_freeze_ms / p.uniform_ms,
                     all_frozen_ms=p.all_frozen_ms,
                     solve_s=solution.wall_s,
+                    status=solution.status,
                 )
                 rows.append(row)
                 if on_row:

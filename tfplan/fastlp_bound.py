@@ -1,0 +1,168 @@
+"""A safe lower bound on an LP phase's optimum from any dual vector (Note [LP certificate] in tfplan.lp).
+
+Part of tfplan.fastlp. Write a phase's full LP (Note [three-phase LP]) as  min c'x  s.t.  A x >= b (the mean
+rows of phase 3 as equalities),  0 <= x <= u,  with rows and duals
+  precedence  t_v - t_u + delta_u r_u >= d_u + lag      y >= 0    (one per GraphArrays row)
+  finish      T - t_u + delta_u r_u >= d_u               kappa >= 0 (one per sink)
+  cap         -sum_{a in A_s} r_a >= -c_s |A_s|          lambda >= 0
+  total       -sum_a r_a >= -r_ub                        rho >= 0   (phase 3)
+  mean        |A_s| mu_s - sum_{a in A_s} r_a = 0        sigma free (phase 3)
+  deviation   e_a - r_a + mu_s >= 0                         p >= 0     (phase 3; e_a costs 2)
+For every such y and every x of the LP,  c'x >= b'y + (c - A'y)'x >= b'y - sum_j max(0, (A'y - c)_j) u_j
+(weak duality with the bounds kept apart), so that is a lower bound L however inexact y is: a dual that GLOP
+solved to its tolerance, or one tied across repeating actions, only loosens it. The bounds u must be finite
+and kept by some optimal solution: r_a <= 1; T <= t_max and t_v <= t_max (every action ends before T; phase
+1's t_max is the unfrozen makespan, phases 2-3 bound T by t_ub); e_a <= 1 and mu_s <= 1 (at the optimum e_a
+= max(0, r_a - mu_s) and mu_s is a mean of ratios). The sums run over the full LP's columns, vectorised (n actions).
+
+Windows. The start-time columns weigh a flow imbalance by t_max, thousands of ms. In phases 2-3 the flows
+carry the price of time (theta = sum kappa, e.g. 3,400 ratio units per ms on heterogeneous 1F1B 32 x 512),
+so rounding alone leaves ~1e-14 of imbalance at thousands of actions, and t_max times that was 7e-9 of the
+phase-3 optimum there, above GAP_TOL, although GLOP's own dual value agreed with U to 3e-10. Moving flow
+to balance it does not help (the value moves with it: measured, the bound got worse). What does: tighter
+bounds on the columns. Every feasible point has t_v >= head_v (earliest start with every action at d_min) and
+t_v + tail_v <= T <= t_max (tail_v: longest d_min path from v's start to the end), and T >= the all-frozen
+makespan (Windows). An imbalance then costs its window, t_max minus the all-frozen makespan at most (40 ms
+against 2,530 there: the bound came within 3e-8 of GLOP's dual value), and a surplus earns its head.
+fastlp computes the windows only when the plain bound misses GAP_TOL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tfplan.fastlp_graph import GraphArrays
+from tfplan.fastlp_lp import Compressed, Phase, SparseLP, dual_layout
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FullDual:
+    """A dual vector of one phase's full LP: one value per row (module docstring)."""
+
+    y: np.ndarray
+    """(E,) per precedence row, in GraphArrays order."""
+    kappa: np.ndarray
+    """(K,) per sink row, in GraphArrays.sinks order."""
+    lam: np.ndarray
+    """(S,) per stage's cap row (0 for a stage without a freeze group)."""
+    rho: float = 0.0
+    """The total-freeze row (phase 3)."""
+    sigma: np.ndarray | None = None
+    """(S,) per stage's mean row (phase 3; any sign)."""
+    p: np.ndarray | None = None
+    """(n,) per action's row e - r + mu >= 0 (phase 3; 0 outside the freeze groups)."""
+
+
+def from_tied_dual(c: Compressed, phase: Phase, x: np.ndarray) -> FullDual:
+    """Expand a tied dual's solution (tied_dual's columns) to the full LP: a row group's rows all take the
+    group's value, a tied action takes its ratio column's p."""
+    col = dual_layout(c, phase)
+    g, S = c.g, len(phase.caps)
+    lam = np.zeros(S)
+    lam[c.stages] = x[col["lambda"]]
+    out = {"y": x[col["y"]][c.row_group], "kappa": x[col["kappa"]], "lam": lam}
+    if phase.number == 3:
+        sigma = np.zeros(S)
+        sigma[c.stages] = x[col["sigma"]]
+        column = np.full(g.n, -1)
+        column[g.frz] = c.rcol[c.ties.rep[g.frz]]
+        p = np.zeros(g.n)
+        p[g.frz] = x[col["p"]][column[g.frz]]
+        out |= {"rho": float(x[col["rho"]][0]), "sigma": sigma, "p": p}
+    return FullDual(**out)
+
+
+def from_primal_duals(c: Compressed, phase: Phase, lp: SparseLP, duals: np.ndarray) -> FullDual:
+    """The row duals of an untied tied_primal (the full LP) as a FullDual. GLOP's dual of a row whose upper
+    side binds is <= 0 in a minimisation, hence the minus signs on the cap and total rows."""
+    assert c.ties.num_tied == 0, "only an untied primal is the full LP"
+    g, S, b = c.g, len(phase.caps), lp.blocks
+    y = np.zeros(len(g.row_u))
+    y[lp.prec_rows] = duals[b["prec"]]
+    lam = np.zeros(S)
+    lam[c.stages] = -duals[b["cap"]]
+    out = {"y": y, "kappa": duals[b["sink"]], "lam": lam}
+    if phase.number == 3:
+        sigma = np.zeros(S)
+        sigma[c.stages] = duals[b["mean"]]
+        p = np.zeros(g.n)
+        p[c.r_nodes] = duals[b["dev"]]
+        out |= {"rho": float(-duals[b["total"]][0]), "sigma": sigma, "p": p}
+    return FullDual(**out)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Windows:
+    """Bounds on every start time that every feasible point keeps, whatever its ratios (module docstring)."""
+
+    head: np.ndarray
+    """(n,) earliest start of each action with every action at d_min (ms)."""
+    tail: np.ndarray
+    """(n,) longest path from each action's start to the end with every action at d_min, itself included (ms)."""
+    t_min: float
+    """The all-frozen makespan: a lower bound on T (ms)."""
+
+    @classmethod
+    def build(cls, g: GraphArrays) -> Windows:
+        """Two passes over the precedence rows in topological order (pure Python, ~1 s per million actions)."""
+        n = g.n
+        d_min = (g.d_max - g.delta).tolist()
+        order = np.argsort(g.row_v, kind="stable")
+        first_in = np.searchsorted(g.row_v[order], np.arange(n + 1)).tolist()
+        order_out = np.argsort(g.row_u, kind="stable")
+        first_out = np.searchsorted(g.row_u[order_out], np.arange(n + 1)).tolist()
+        tails_in, lag_in = g.row_u[order].tolist(), g.row_lag[order].tolist()
+        heads_out, lag_out = g.row_v[order_out].tolist(), g.row_lag[order_out].tolist()
+        topo = g.topo.tolist()
+        head, tail = [0.0] * n, [0.0] * n
+        for v in topo:
+            h = 0.0
+            for k in range(first_in[v], first_in[v + 1]):
+                u = tails_in[k]
+                h = max(h, head[u] + d_min[u] + lag_in[k])
+            head[v] = h
+        for u in reversed(topo):
+            t = 0.0
+            for k in range(first_out[u], first_out[u + 1]):
+                t = max(t, lag_out[k] + tail[heads_out[k]])
+            tail[u] = d_min[u] + t
+        head_a, tail_a = np.asarray(head), np.asarray(tail)
+        return cls(head=head_a, tail=tail_a, t_min=float((head_a + tail_a).max()) if n else 0.0)
+
+
+def safe_lower_bound(g: GraphArrays, phase: Phase, dual: FullDual, windows: Windows | None = None) -> float:
+    """L = b'y + sum_j min over x_j in [l_j, u_j] of (c - A'y)_j x_j over the full LP's columns (module
+    docstring); valid for any dual vector (those of the rows with a sign are clipped at 0 first, which keeps it
+    valid). Start times lie in [0, t_max] (T in [0, t_max]), or with `windows` in [head, t_max - tail] (T in
+    [t_min, t_max]), which weighs a flow imbalance by a window instead of t_max."""
+    assert np.isfinite(phase.t_max), "the safe bound needs a finite bound on T"
+    n, S, frz, st = g.n, len(phase.caps), g.frz, g.stage
+    y, kappa, lam = (np.maximum(a, 0.0) for a in (dual.y, dual.kappa, dual.lam))
+    size = np.bincount(st[frz], minlength=S).astype(np.float64)  # |A_s|
+    out_y = np.bincount(g.row_u, weights=y, minlength=n)
+    kap = np.zeros(n)
+    kap[g.sinks] = kappa
+    bound = float((g.d_max[g.row_u] + g.row_lag) @ y + g.d_max[g.sinks] @ kappa - (phase.caps * size) @ lam)
+    # t_v (cost 0) and T (cost 1 in phase 1): each at the end of its range that minimises (c - A'y) x.
+    at_t = np.bincount(g.row_v, weights=y, minlength=n) - out_y - kap
+    reduced_T = float(phase.number == 1) - float(kappa.sum())
+    if windows is None:
+        bound -= phase.t_max * float(np.maximum(at_t, 0.0).sum()) + phase.t_max * max(0.0, -reduced_T)
+    else:
+        late = np.maximum(windows.head, phase.t_max - windows.tail)
+        bound -= float(np.where(at_t > 0.0, at_t * late, at_t * windows.head).sum())
+        bound += reduced_T * (windows.t_min if reduced_T >= 0.0 else phase.t_max)
+    # r_a (cost 1 in phase 2, u = 1).
+    at_r = g.delta[frz] * (out_y[frz] + kap[frz]) - lam[st[frz]]
+    excess = 0.0
+    if phase.number == 3:
+        rho = max(0.0, dual.rho)
+        p = np.maximum(dual.p[frz], 0.0)
+        bound -= phase.r_ub * rho
+        at_r = at_r - rho - dual.sigma[st[frz]] - p
+        at_mu = size * dual.sigma + np.bincount(st[frz], weights=p, minlength=S)  # mu_s: cost 0, u = 1
+        excess += float(np.maximum(at_mu[size > 0], 0.0).sum()) + float(np.maximum(p - 2.0, 0.0).sum())
+    excess += float(np.maximum(at_r - (phase.number == 2), 0.0).sum())
+    return bound - excess
