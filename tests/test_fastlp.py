@@ -351,13 +351,13 @@ def test_time_limit_returns_a_feasible_plan_with_its_gap(monkeypatch, caplog) ->
     from tfplan import plan as plan_mod
 
     out_of_time = {"now": False}
-    grow = fastlp._Margins.grow
+    grow = fastlp.Margins.grow
 
     def grow_and_expire(self, margin):
         out_of_time["now"] = True
         return grow(self, margin)
 
-    monkeypatch.setattr(fastlp._Margins, "grow", grow_and_expire)
+    monkeypatch.setattr(fastlp.Margins, "grow", grow_and_expire)
     monkeypatch.setattr(lp.Deadline, "remaining", lambda self: -1.0 if out_of_time["now"] else 1e6)
     dag = dag_mod.build(schedules.generate("1f1b", 6, 60), profile.uniform(6))
     with caplog.at_level(logging.WARNING, logger="tfplan.fastlp"):
@@ -388,7 +388,7 @@ def test_a_target_just_below_the_optimum_needs_no_full_lp(monkeypatch) -> None:
     def no_growth(self, margin):
         raise AssertionError("the margin grew")
 
-    monkeypatch.setattr(fastlp._Margins, "grow", no_growth)
+    monkeypatch.setattr(fastlp.Margins, "grow", no_growth)
     got = fastlp.solve(dag, 0.9, target_makespan_ms=best.makespan_ms * (1 - 0.5e-9))
     assert got.status == "OPTIMAL"
     assert [p.objective for p in got.phases] == pytest.approx([p.objective for p in best.phases], rel=1e-12)

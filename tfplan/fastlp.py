@@ -42,7 +42,7 @@ Note [periodic compression]
   periodic only after the pipeline's fill and before its drain, and in between a stage with slack unfreezes
   a block of about S (stages) of its last steady-state actions (measured: uniform 1F1B 8 x 96 needs 8,
   heterogeneous 32 x 512 needs 32; too small a margin shows as U > L and costs a round). They start at the
-  cheaper of S for every run and margins aligned on the unfrozen schedule's timing (_aligned_margins:
+  cheaper of S for every run and margins aligned on the unfrozen schedule's timing (fastlp_margins.aligned_margins:
   1F1B 32 x 512 then needs 5.2k LP columns instead of 7.8k). The LPs have O(S^2) columns whatever M is:
   1F1B 32 x 512 and 32 x 16384 solve LPs of the same size, and 64 stages (~30k columns) take GLOP minutes.
   The phases are chained as in Note [three-phase LP] (tfplan.lp): phase 2 bounds T by T1 (1 + 1e-9),
@@ -55,20 +55,23 @@ Note [LP tolerance]
   without presolve and with primal feasibility 1e-10 (PLAN_PARAMS) they stayed within 1.00002e-9, but that
   solve is about twice as slow on the large tied LPs. So every LP is first solved fast: small ones with
   lp.GLOP_PARAMS (1e-10, as cheap as the default there), large ones with GLOP's default (ten times faster
-  on some 8000-column tied LPs). The tied primal of phases 2 and 3 uses the dual simplex. Measured (seconds,
-  primal simplex -> dual simplex): phase 2, 2-5x faster on every instance tried (uniform and heterogeneous
-  1F1B, interleaved, ZB, ZBV); phase 3 on uniform 1F1B 32 x M, erratic with the primal simplex and steady
-  with the dual (M = 512: 0.77 -> 0.90, 1024: 0.82 -> 0.93, 2048: 5.0 -> 1.05, 4096: 0.96 -> 1.05, 16384:
-  12.7 -> 1.1), heterogeneous 1F1B 32 x 512 1.6 -> 0.66, but interleaved 1F1B 16 x 256 (heterogeneous)
-  6.7 -> 13.4. We take the steady one. The tied dual keeps the primal simplex (the dual simplex was slower
-  there on every instance). Precision is bought only where it is missing: a gap U - L that misses GAP_TOL
-  by a little (up to SANE_GAP) is first re-tried with the tied primal polished by PLAN_PARAMS (a presolved
-  U once came out 1.4e-9 relative above the optimum), and a plan past T1 (or the target) (1 + SIM_TOL) or
-  past phase 3's total-freeze row (the dual simplex with presolve once returned a point 2x over R2's
-  allowance) is re-solved more precisely (_plan); the first that fits is kept.
-  Side by side on 11 instances (1F1B, GPipe, interleaved, ZB, ZBV, DualPipeV; up to 32,768 actions) this
-  took 32 s in all against 71 s with the earlier settings (PLAN_PARAMS for every phase-3 primal, primal
-  simplex throughout), with the same objectives to 10 digits.
+  on some 8000-column tied LPs). The tied primal of phase 2 uses the dual simplex: 2-5x faster than the
+  primal simplex on every instance tried (uniform and heterogeneous 1F1B, interleaved, ZB, ZBV). Phase 3
+  (the deviation objective of Note [three-phase LP]) has no steady winner: its tied primal took (seconds,
+  primal simplex / dual simplex) 2.2 / 9.9 on uniform 1F1B 32 x 512, 2.3 / 0.9 heterogeneous, 2.2 / 1.0 on
+  ZBV 16 x 256 and 93 / 22 on heterogeneous interleaved 1F1B 16 x 256 (a shared 2-core machine), so both
+  run in a race (fastlp_glop.Race) and the first to finish interrupts the other. Its tied dual uses the dual
+  simplex (1.3 against 3.0 s on uniform 1F1B 32 x 512, even elsewhere); the tied duals of phases 1-2 keep the
+  primal simplex (the dual simplex was slower there on every instance). Precision is bought only where it is
+  missing: a safe bound L that misses GAP_TOL while GLOP's own dual value meets it is recomputed with
+  start-time windows, then from a dual solved more precisely (_tighter_bound, fastlp_bound); a gap U - L
+  that misses GAP_TOL by a little (up to SANE_GAP) is re-tried with the tied primal polished by PLAN_PARAMS
+  (a presolved U once came out 1.4e-9 relative above the optimum); and a plan past T1 (or the target)
+  (1 + SIM_TOL) or past phase 3's total-freeze row (the dual simplex with presolve once returned a point 2x
+  over R2's allowance) is re-solved more precisely (_plan); the first that fits is kept.
+  (Before issue 9's phase 3: on 11 instances (1F1B, GPipe, interleaved, ZB, ZBV, DualPipeV; up to 32,768
+  actions) these settings took 32 s in all against 71 s with PLAN_PARAMS for every phase-3 primal and the
+  primal simplex throughout, with the same objectives to 10 digits.)
   GLOP may call a tied LP IMPRECISE (dual tolerance missed; weights of thousands of tied actions in the
   objective do that): any primal-feasible point is a valid bound, so we take it and let U - L judge. A
   small tied primal once came out 6e-9 (relative) below the true phase-2 optimum, so each phase carries
@@ -92,6 +95,7 @@ from tfplan.fastlp_bound import Windows, from_primal_duals, from_tied_dual, safe
 from tfplan.fastlp_glop import DUAL_PARAMS, PLAN_PARAMS, RETRY_PARAMS, LPResult, Race, solve_glop, solve_lp
 from tfplan.fastlp_graph import GraphArrays, Runs, Ties
 from tfplan.fastlp_lp import INF, Compressed, Phase, SparseLP, expand_ratios, tied_dual, tied_primal
+from tfplan.fastlp_margins import Margins
 from tfplan.lp import (
     FEASIBLE,
     GAP_TOL,
@@ -155,7 +159,7 @@ def _solve(
     margin: int | None = None, time_limit_s: float | None = None,
 ) -> Solution:
     """solve() with the margin schedule exposed for tests: phase 1 starts at first_margin, phases 2-3 at
-    `margin` (default: the cheaper of the stage count and time-aligned margins, _Margins)."""
+    `margin` (default: the cheaper of the stage count and time-aligned margins, Margins)."""
     check_time_limit(time_limit_s)
     deadline = Deadline(limit_s=time_limit_s)
     start = deadline.start
@@ -163,7 +167,7 @@ def _solve(
     cap_arr = np.asarray(check_caps(caps, num_stages), dtype=np.float64)
     g = GraphArrays.from_dag(dag)
     unfrozen = simulate(dag)
-    margins = _Margins(dag, g, Runs.detect(g), first_margin, margin, unfrozen.start_ms)
+    margins = Margins(dag, g, Runs.detect(g), first_margin, margin, unfrozen.start_ms)
     build_s = time.perf_counter() - start
     # Note [three-phase LP] (tfplan.lp): each phase bounds the next by the certified optimum.
     phase = Phase(number=1, caps=cap_arr, t_max=unfrozen.makespan_ms)
@@ -205,80 +209,6 @@ def _solve(
     )
 
 
-class _Margins:
-    """The margin schedule and the current compression (Note [periodic compression], Margins).
-
-    A margin is a pair of (num_runs,) arrays: periods left untied at the head and at the tail of each run.
-    Phase 1 starts at `first` everywhere. Phases 2-3 start at the cheaper (fewer untied actions) of `later`
-    everywhere and the time-aligned margins of _aligned_margins. A gap grows a margin to 2 m + 1; None
-    stands for "nothing tied" (the full LP).
-    """
-
-    def __init__(self, dag: Dag, g: GraphArrays, runs: Runs, first: int, later: int | None,
-                 start_ms: Sequence[float]) -> None:
-        self.g, self.runs = g, runs
-        k = runs.num_runs
-        self.candidates = [(np.full(k, max(2, dag.schedule.num_stages) if later is None else later),) * 2]
-        if later is None:
-            aligned = _aligned_margins(runs, start_ms)
-            if aligned is not None:
-                self.candidates.append(aligned)
-        self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first))
-        self._compressed: tuple[object, Compressed] | None = None
-        self._windows: Windows | None = None
-
-    def windows(self) -> Windows:
-        """The start-time windows of fastlp_bound, computed on first use."""
-        if self._windows is None:
-            self._windows = Windows.build(self.g)
-        return self._windows
-
-    def start(self, phase: int) -> tuple[np.ndarray, np.ndarray] | None:
-        if phase > 1 and self.current is not None:
-            best = min(self.candidates, key=lambda m: self._untied(m))
-            self.current = (np.maximum(self.current[0], best[0]), np.maximum(self.current[1], best[1]))
-        return self.current
-
-    def grow(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
-        grown = (2 * margin[0] + 1, 2 * margin[1] + 1)
-        self.current = grown if self.runs.ties(self.g.n, grown).num_tied else None
-        return self.current
-
-    def compressed(self, margin: tuple[np.ndarray, np.ndarray] | None) -> Compressed:
-        key = None if margin is None else (margin[0].tobytes(), margin[1].tobytes())
-        if self._compressed is None or self._compressed[0] != key:
-            ties = Ties.none(self.g.n) if margin is None else self.runs.ties(self.g.n, margin)
-            self._compressed = (key, Compressed(self.g, ties))
-        return self._compressed[1]
-
-    def _untied(self, margin: tuple[np.ndarray, np.ndarray]) -> int:
-        return self.g.n - self.runs.ties(self.g.n, margin).num_tied
-
-
-def _aligned_margins(runs: Runs, start_ms: Sequence[float], slack: int = 2, limit: int = 2000):
-    """Margins from the timing of the unfrozen schedule: a run that enters its steady state before the runs
-    running beside it (overlapping in time) are all in theirs keeps the periods in between untied, twice over,
-    plus `slack`; the same at its end. This follows the pipeline's fill and drain rank by rank (1F1B: a stage
-    late in the pipeline starts its steady state early), where one margin for all runs must fit the worst.
-    None when there are no runs or more than `limit` (the overlap test is quadratic)."""
-    k = runs.num_runs
-    if k == 0 or k > limit:
-        return None
-    start = np.asarray(start_ms)
-    first, last = runs.nodes[runs.start[:-1]], runs.nodes[runs.start[1:] - 1]
-    t0, t1 = start[first], start[last]
-    period = start[runs.nodes[runs.start[:-1] + 1]] - t0
-    overlap = (t0[:, None] <= t1[None, :]) & (t0[None, :] <= t1[:, None])
-    all_in = np.where(overlap, t0[None, :], -np.inf).max(axis=1)  # when every overlapping run is steady
-    all_out = np.where(overlap, t1[None, :], np.inf).min(axis=1)
-    ok = period > 0
-    per = np.where(ok, period, 1.0)
-    head = np.where(ok, np.ceil(2 * (all_in - t0) / per), np.inf) + slack
-    tail = np.where(ok, np.ceil(2 * (t1 - all_out) / per), np.inf) + slack
-    cap = np.diff(runs.start)  # a margin past the run's length unties it all
-    return np.minimum(head, cap).astype(np.int64), np.minimum(tail, cap).astype(np.int64)
-
-
 def _lower_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult | None, lower: LPResult | None,
                  windows: Windows | None = None) -> float:
     """The safe lower bound L of fastlp_bound from the tied dual's solution or, untied, the primal's own duals;
@@ -295,7 +225,7 @@ def _lower_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult 
 
 
 def _tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult, lower: LPResult | None,
-                   bound: float, margins: _Margins, deadline: Deadline) -> tuple[float, int]:
+                   bound: float, margins: Margins, deadline: Deadline) -> tuple[float, int]:
     """When GLOP's own dual value meets GAP_TOL but the safe bound does not: the same dual vector with start-time
     windows (fastlp_bound, Windows), then, if that is not enough, a more precise dual. Returns the best safe
     bound and the simplex iterations spent."""
@@ -329,7 +259,7 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
     return [pool.submit(job, dual_simplex) for dual_simplex in methods]
 
 
-def _certified(phase: Phase, margins: _Margins, deadline: Deadline) -> _Outcome | None:
+def _certified(phase: Phase, margins: Margins, deadline: Deadline) -> _Outcome | None:
     """Solve one phase: tied primal and tied dual in two threads, growing the margin until U - L <= GAP_TOL.
 
     The phase value carried on is max(U, L): U may be off by GLOP's tolerance, and a value below the true

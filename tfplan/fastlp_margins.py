@@ -1,0 +1,90 @@
+"""fastlp's margin schedule: how many periods of each run stay untied (Note [periodic compression], Margins).
+
+Part of tfplan.fastlp. Margins holds the schedule of margins and the current compression (fastlp_lp.Compressed)
+of one solve, and the start-time windows of fastlp_bound, built once when first needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tfplan.dag import Dag
+from tfplan.fastlp_bound import Windows
+from tfplan.fastlp_graph import GraphArrays, Runs, Ties
+from tfplan.fastlp_lp import Compressed
+
+
+class Margins:
+    """The margin schedule and the current compression (Note [periodic compression], Margins).
+
+    A margin is a pair of (num_runs,) arrays: periods left untied at the head and at the tail of each run.
+    Phase 1 starts at `first` everywhere. Phases 2-3 start at the cheaper (fewer untied actions) of `later`
+    everywhere and the time-aligned margins of aligned_margins. A gap grows a margin to 2 m + 1; None
+    stands for "nothing tied" (the full LP).
+    """
+
+    def __init__(self, dag: Dag, g: GraphArrays, runs: Runs, first: int, later: int | None,
+                 start_ms: Sequence[float]) -> None:
+        self.g, self.runs = g, runs
+        k = runs.num_runs
+        self.candidates = [(np.full(k, max(2, dag.schedule.num_stages) if later is None else later),) * 2]
+        if later is None:
+            aligned = aligned_margins(runs, start_ms)
+            if aligned is not None:
+                self.candidates.append(aligned)
+        self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first))
+        self._compressed: tuple[object, Compressed] | None = None
+        self._windows: Windows | None = None
+
+    def windows(self) -> Windows:
+        """The start-time windows of fastlp_bound, computed on first use."""
+        if self._windows is None:
+            self._windows = Windows.build(self.g)
+        return self._windows
+
+    def start(self, phase: int) -> tuple[np.ndarray, np.ndarray] | None:
+        if phase > 1 and self.current is not None:
+            best = min(self.candidates, key=lambda m: self._untied(m))
+            self.current = (np.maximum(self.current[0], best[0]), np.maximum(self.current[1], best[1]))
+        return self.current
+
+    def grow(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+        grown = (2 * margin[0] + 1, 2 * margin[1] + 1)
+        self.current = grown if self.runs.ties(self.g.n, grown).num_tied else None
+        return self.current
+
+    def compressed(self, margin: tuple[np.ndarray, np.ndarray] | None) -> Compressed:
+        key = None if margin is None else (margin[0].tobytes(), margin[1].tobytes())
+        if self._compressed is None or self._compressed[0] != key:
+            ties = Ties.none(self.g.n) if margin is None else self.runs.ties(self.g.n, margin)
+            self._compressed = (key, Compressed(self.g, ties))
+        return self._compressed[1]
+
+    def _untied(self, margin: tuple[np.ndarray, np.ndarray]) -> int:
+        return self.g.n - self.runs.ties(self.g.n, margin).num_tied
+
+
+def aligned_margins(runs: Runs, start_ms: Sequence[float], slack: int = 2, limit: int = 2000):
+    """Margins from the timing of the unfrozen schedule: a run that enters its steady state before the runs
+    running beside it (overlapping in time) are all in theirs keeps the periods in between untied, twice over,
+    plus `slack`; the same at its end. This follows the pipeline's fill and drain rank by rank (1F1B: a stage
+    late in the pipeline starts its steady state early), where one margin for all runs must fit the worst.
+    None when there are no runs or more than `limit` (the overlap test is quadratic)."""
+    k = runs.num_runs
+    if k == 0 or k > limit:
+        return None
+    start = np.asarray(start_ms)
+    first, last = runs.nodes[runs.start[:-1]], runs.nodes[runs.start[1:] - 1]
+    t0, t1 = start[first], start[last]
+    period = start[runs.nodes[runs.start[:-1] + 1]] - t0
+    overlap = (t0[:, None] <= t1[None, :]) & (t0[None, :] <= t1[:, None])
+    all_in = np.where(overlap, t0[None, :], -np.inf).max(axis=1)  # when every overlapping run is steady
+    all_out = np.where(overlap, t1[None, :], np.inf).min(axis=1)
+    ok = period > 0
+    per = np.where(ok, period, 1.0)
+    head = np.where(ok, np.ceil(2 * (all_in - t0) / per), np.inf) + slack
+    tail = np.where(ok, np.ceil(2 * (t1 - all_out) / per), np.inf) + slack
+    cap = np.diff(runs.start)  # a margin past the run's length unties it all
+    return np.minimum(head, cap).astype(np.int64), np.minimum(tail, cap).astype(np.int64)
