@@ -268,9 +268,12 @@ def check_caps(caps: Sequence[float] | float, num_stages: int) -> list[float]:
 
 def cap_excess(dag: Dag, ratios: Sequence[float], caps: Sequence[float]) -> list[float]:
     """Per stage: its mean ratio over its freeze group minus its cap (<= CAP_TOL in every valid plan)."""
-    return [
-        (sum(ratios[v] for v in g) / len(g) if g else 0.0) - cap for g, cap in zip(dag.freeze_groups(), caps)
-    ]
+    sums, counts = [0.0] * len(caps), [0] * len(caps)
+    for a, r, ok in zip(dag.actions, ratios, dag.freeze_mask()):
+        if ok:
+            sums[a.stage] += r
+            counts[a.stage] += 1
+    return [(total / count if count else 0.0) - cap for total, count, cap in zip(sums, counts, caps)]
 
 
 def keep_caps(dag: Dag, ratios: list[float], caps: Sequence[float], backend: str) -> list[float]:
