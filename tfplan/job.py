@@ -99,8 +99,10 @@ def target_makespan(dag: dag_mod.Dag, target_speedup: float) -> float:
 BACKENDS = ("auto", "glop", "fastlp")
 AUTO_FASTLP_ACTIONS = 2500
 """`auto` solves DAGs with more actions than this with fastlp, smaller ones with GLOP on the full LP, the
-reference. Measured on 2 cores, three phases: GLOP 0.5 s at 2,048 actions (1F1B 8 x 128) and 3.2-4.5 s at
-5,000 (1F1B 4 x 625, 8 x 312, 16 x 156), fastlp 0.04-0.2 s at 5,000."""
+reference. Measured on 2 cores, three phases, with issue 9's phase 3 (harder for GLOP than the earlier one)
+on a machine shared with other jobs (load 2.8): GLOP 1.3 s at 2,048 actions (1F1B 8 x 128) and 8-18 s at
+5,000 (1F1B 4 x 625, 8 x 312, 16 x 156), fastlp 0.05-1.3 s at 5,000 (before issue 9, on a quiet machine:
+GLOP 0.5 s and 3.2-4.5 s)."""
 
 
 def check_backend(backend: str) -> None:

@@ -40,8 +40,11 @@ are implied and dropped.
 Note [LP certificate]: a phase is OPTIMAL when its value is certified: GLOP's own OPTIMAL status on the full
 LP (tfplan.solver; no gap is computed), or, in tfplan.fastlp, an upper bound U (a feasible point) and a safe
 lower bound L (weak duality, recomputed from a dual vector over the full LP) with U - L <= GAP_TOL max(1, |U|).
-A phase that stopped short of that (the time limit) is FEASIBLE: its point is a valid plan and its gap
-U - L says how far from optimal it may be at most. A solve is as good as its worst phase.
+U may also come out below L, by GLOP's feasibility tolerance (a tied row stands for thousands of copies):
+down to 1e-7 relative that counts as certified with gap 0, the phase reports max(U, L), and the plan is
+re-simulated against its bounds (tfplan.fastlp). A phase that stopped short of all that (the time limit) is
+FEASIBLE: its point is a valid plan and its gap U - L says how far from optimal it may be at most. A solve is
+as good as its worst phase (worst_status).
 """
 
 from __future__ import annotations

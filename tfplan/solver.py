@@ -7,7 +7,9 @@
 The phases are those of Note [three-phase LP] (tfplan.lp); each phase is OPTIMAL by GLOP's own status (Note
 [LP certificate]). Phases share one GLOP model and change only bounds and the objective (phase 3 adds its
 variables and rows). GLOP can warm-start a phase from the last basis only with presolve off, and measured on
-1F1B 16 x 256 that was slower overall (27 s against 13 s with presolve on every phase), so presolve stays on.
+1F1B 16 x 256 that was slower overall (27 s against 13 s with presolve on every phase, with the earlier
+phase 3), so presolve stays on; on 1F1B 4 x 700 neither the dual simplex nor presolve off made the new phase 3
+faster (9-13 s against 9.3 s).
 """
 
 from __future__ import annotations
