@@ -24,7 +24,7 @@ bounds on the columns. Every feasible point has t_v >= head_v (earliest start wi
 t_v + tail_v <= T <= t_max (tail_v: longest d_min path from v's start to the end), and T >= the all-frozen
 makespan (Windows). An imbalance then costs its window, t_max minus the all-frozen makespan at most (40 ms
 against 2,530 there: the bound came within 3e-8 of GLOP's dual value), and a surplus earns its head.
-fastlp computes the windows only when the plain bound misses GAP_TOL (about a second per million actions).
+fastlp computes the windows only when the plain bound misses GAP_TOL (about 3 s per million actions).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class Windows:
     @classmethod
     def build(cls, g: GraphArrays) -> Windows:
         """A forward and a backward pass over the DAG's three predecessor slots in topological order, as
-        tfplan.simulate does (pure Python, about a second per million actions)."""
+        tfplan.simulate does (pure Python, about 3 s per million actions on a busy 2-core machine)."""
         n = g.n
         d_min = (g.d_max - g.delta).tolist()
         p0, p1, p2 = (p.tolist() for p in g.preds)
