@@ -52,7 +52,7 @@ def worker(rank: int, world: int, port: int, cases: list[tuple], out_dir: str) -
             cfg = MODELS[MODEL]
             modules = {s: build_stage(cfg, s, sched.num_stages, SEED) for s in local}
             freezer = Freezer({s: candidates(mod) for s, mod in modules.items()},
-                              case_ratios(sched, pattern), seed=SEED)
+                              case_ratios(sched, pattern), num_microbatches=m, seed=SEED)
             state = StepState(freezing=pattern != "none")
             timer = ActionTimer(rank, torch.device("cpu"))
             stages = [make_stage(modules[s], s, sched.num_stages, torch.device("cpu"), group=None,
@@ -88,7 +88,7 @@ def reference(name: str, p: int, v: int, m: int, pattern: str, rescale: bool = F
     stage_mods = {s: build_stage(cfg, s, sched.num_stages, SEED, device="meta")
                   for s in range(sched.num_stages)}
     freezer = Freezer({s: candidates(mod) for s, mod in stage_mods.items()}, case_ratios(sched, pattern),
-                      seed=SEED)
+                      num_microbatches=m, seed=SEED)
     owner = {n: s for s, mod in stage_mods.items() for n, _ in mod.named_parameters()}
     x, y = batch(m)
     xs, ys = x.chunk(m), y.chunk(m)

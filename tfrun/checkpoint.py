@@ -46,7 +46,7 @@ def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, fre
         write_json_atomic(out / "checkpoints" / "latest.json", {"step": step, "world_size": dist.get_world_size()})
 
 
-def load(out: Path, rank: int, modules: dict, optimizer, batches) -> tuple[int, list[dict]]:
+def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer) -> tuple[int, list[dict]]:
     """Restore this rank's state from out's latest checkpoint; returns (next step, metrics so far)."""
     latest = out / "checkpoints" / "latest.json"
     if not latest.exists():
@@ -59,5 +59,6 @@ def load(out: Path, rank: int, modules: dict, optimizer, batches) -> tuple[int, 
         module.load_state_dict(state["models"][s])
     optimizer.load_state_dict(state["optimizer"])
     batches.load_state_dict(state["data"])
+    freezer.load_state_dict(state["freezer"])
     metrics = state["metrics"] or []
     return int(state["step"]), metrics

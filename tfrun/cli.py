@@ -39,10 +39,24 @@ def train_cmd(
         str, typer.Option("--freeze-method", help="detach (forward with frozen weights detached) or grad.")
     ] = "detach",
     freeze_policy: Annotated[
-        str, typer.Option("--freeze-policy", help="auto (prefix on stage 0, random elsewhere), prefix or random.")
+        str, typer.Option("--freeze-policy", help=(
+            "Which tensors an action freezes. auto (default): stage 0 skips whole micro-batch backwards in a "
+            "share r of steps, other stages freeze rotating random subsets; every tensor keeps learning. "
+            "skip: whole-backward skips on every stage. random: rotating random subsets everywhere (stage 0 "
+            "then saves little until r = 1). prefix: stage 0 freezes its front layers, linear in time but the "
+            "front of the model stops learning while ratios stay high (costs eval loss: docs/benchmarks.md). "
+            "weighted: stage 0 draws front-weighted random subsets (the paper's code)."))
     ] = "auto",
     ramp_steps: Annotated[int, typer.Option("--ramp-steps", help="Ramp ratios from 0 over K steps.")] = 0,
-    redraw_every: Annotated[int, typer.Option("--redraw-every", help="Re-draw random frozen sets every K.")] = 10,
+    redraw_every: Annotated[
+        int, typer.Option("--redraw-every", help="Window of K steps: frozen sets are re-drawn per window, and "
+                                                 "each stage's realised mean ratio over a window is at most the "
+                                                 "plan's.")
+    ] = 10,
+    max_stale_steps: Annotated[
+        int, typer.Option("--max-stale-steps", help="Unfreeze any tensor that got no gradient for K steps "
+                                                    "(0: off).")
+    ] = 0,
     grad_rescale: Annotated[
         bool, typer.Option("--grad-rescale", help="Gradient = mean over contributing micro-batches.")
     ] = False,
@@ -72,6 +86,7 @@ def train_cmd(
         config = setup.train_config(
             plan_path=plan, model=model, steps=steps, seed=seed, out_dir=resume or out, freeze=freeze,
             freeze_method=freeze_method, freeze_policy=freeze_policy, ramp_steps=ramp_steps, redraw_every=redraw_every,
+            max_stale_steps=max_stale_steps,
             grad_rescale=grad_rescale, microbatch_size=microbatch_size, global_batch=global_batch,
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet,

@@ -43,7 +43,10 @@ class TrainConfig:
     freeze_method: str = "detach"
     """detach or grad (tfrun.runtime Note [freeze methods])."""
     freeze_policy: str = "auto"
-    """auto (prefix on stage 0, random elsewhere: tfrun.freezing Note [freeze policy]), prefix or random."""
+    """Which tensors an action freezes: auto, skip, random, prefix or weighted (tfrun.freezing Note [freeze
+    policy])."""
+    max_stale_steps: int = 0
+    """Unfreeze a tensor that got no gradient for this many steps (0 = off; tfrun.freezing Note [stale guard])."""
     model: str = "tiny"
     """Named model size (tfrun.model.MODELS)."""
     steps: int = 30
@@ -113,12 +116,13 @@ class TrainConfig:
 
     def check(self) -> None:
         """Validate the settings a user chooses (one clear line per problem)."""
+        from tfrun.freezing import POLICIES
         from tfrun.model import MODELS
 
         if self.freeze not in FREEZE_MODES:
             raise TfrunError(f"--freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}")
-        if self.freeze_policy not in ("auto", "prefix", "random"):
-            raise TfrunError(f"--freeze-policy must be auto, prefix or random, got {self.freeze_policy!r}")
+        if self.freeze_policy not in POLICIES:
+            raise TfrunError(f"--freeze-policy must be one of {', '.join(POLICIES)}, got {self.freeze_policy!r}")
         if self.freeze_method not in ("detach", "grad"):
             raise TfrunError(f"--freeze-method must be detach or grad, got {self.freeze_method!r}")
         if self.model not in MODELS:
@@ -133,7 +137,7 @@ class TrainConfig:
         for name in ("steps", "microbatch_size", "seq_len", "redraw_every", "eval_batches", "threads"):
             if getattr(self, name) < 1:
                 raise TfrunError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("ramp_steps", "eval_every", "checkpoint_every", "timing_warmup_steps"):
+        for name in ("ramp_steps", "eval_every", "checkpoint_every", "timing_warmup_steps", "max_stale_steps"):
             if getattr(self, name) < 0:
                 raise TfrunError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:

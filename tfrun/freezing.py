@@ -1,18 +1,30 @@
-"""Which parameters a (stage, micro-batch) action freezes, given the plan's freeze ratio.
+"""Which parameters a (stage, micro-batch) action freezes at a step, given the plan's freeze ratio.
 
-Note [freeze share]: a ratio r means "skip about r of this stage's weight-gradient work". We weigh each
-trainable parameter tensor by its element count (for a matmul weight, its weight-gradient FLOPs are
-2 x tokens x elements; norm scales are tiny either way), never by tensor count, and pick the subset whose
-share of the total is closest to r (the realised share is reported; it differs from r by at most half the
-largest tensor's share).
+Note [freeze share]: a ratio r means "skip about r of this stage's weight-gradient work". A tensor's cost is
+its weight-gradient FLOPs per token (tfrun.freezing.grad_cost): 2 x in x out for a matmul weight, the row
+width for an embedding (its gradient is an index-add of one row per token, not a matmul), 2 x elements for
+a norm scale. Element counts would make LLaMA-3.2-1B's embedding 52% of stage 0's "cost" although freezing
+it saves almost nothing. Shares and realised ratios are reported in this unit.
 
-Note [freeze policy]: on a stage that receives activations from an earlier stage the input-gradient chain
-runs whatever we freeze, so a random subset is as good as any and keeps every tensor's chance of being
-frozen equal (re-drawn every `redraw_every` steps from a generator seeded by (seed, redraw index, stage,
-micro-batch), so data-parallel replicas draw the same set). Stage 0 needs no input gradient: freezing a
-contiguous *prefix* of its parameters (in forward order: embedding, block 0, block 1, ...) also prunes the
-whole backward below the first unfrozen tensor, so its backward time falls from B to 0 roughly linearly in
-r, as the LP assumes (benchmarks/freeze_linearity.py measures it).
+Note [freeze policy] (`--freeze-policy`; measured in docs/benchmarks.md):
+  auto      (default) stage 0 skips whole micro-batch backwards (tfrun.allocate Note [skip]); every other
+            stage freezes rotating random subsets (Note [rotation]). Stage 0 gets the linear time saving the
+            LP assumes and still trains every tensor.
+  skip      whole-backward skips on every stage.
+  random    rotating random subsets on every stage (fair, but stage 0 saves little until r = 1).
+  prefix    stage 0 freezes a prefix (embedding, block 0, ...): linear in time, but the front of the model
+            never learns while its ratios stay high (measured: 18 of 19 stage-0 tensors never updated in
+            1000 steps at cap 0.9 under interleaved ZB). Rotating subsets elsewhere.
+  weighted  stage 0 draws a random subset weighted towards the front (the paper's code), frozen as a
+            prefix of that random order; rotating subsets elsewhere.
+Every policy plans a window of `redraw_every` steps at once (tfrun.allocate Note [window budget]): over
+every window a stage's realised mean ratio is at most its planned mean. Selections are functions of
+(seed, step, stage, micro-batch) and the Freezer's state, never of the data-parallel rank.
+
+Note [stale guard]: with `max_stale_steps` K > 0, a tensor that received no gradient in K consecutive steps
+is unfrozen in one micro-batch of the next step (the one with the smallest planned ratio), whatever the plan
+says. Rotation already bounds the gap whenever a window's unfrozen share adds up to a turn, so K is off by
+default; it matters for plans that put a stage at ratios near 1.
 
 Parameters with requires_grad=False at construction are never candidates.
 """
@@ -20,12 +32,16 @@ Parameters with requires_grad=False at construction are never candidates.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torch import nn
 
-PREFIX, RANDOM, AUTO = "prefix", "random", "auto"
+from tfrun import allocate
+
+AUTO, SKIP, RANDOM, PREFIX, WEIGHTED = "auto", "skip", "random", "prefix", "weighted"
+POLICIES = (AUTO, SKIP, RANDOM, PREFIX, WEIGHTED)
+ROTATE = "rotate"  # the per-stage mode of `random` (and of other stages under auto/prefix/weighted)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,7 +51,7 @@ class Candidate:
     name: str
     """Name in the stage module (`layers.3.mlp.w1.weight`)."""
     cost: float
-    """Weight-gradient cost weight: element count."""
+    """Weight-gradient FLOPs per token (Note [freeze share])."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,74 +64,81 @@ class Selection:
     """Realised frozen share of the stage's weight-gradient cost, in [0, 1]."""
 
 
+def grad_cost(owner: nn.Module, param_name: str, numel: int) -> float:
+    """Weight-gradient FLOPs per token of one parameter of module `owner` (Note [freeze share]).
+
+    >>> grad_cost(nn.Linear(4, 3), "weight", 12), grad_cost(nn.Embedding(100, 8), "weight", 800)
+    (24.0, 8.0)
+    """
+    if isinstance(owner, nn.Linear):
+        return 2.0 * numel if param_name == "weight" else float(numel)
+    if isinstance(owner, nn.Embedding):
+        return float(owner.embedding_dim)
+    return 2.0 * numel
+
+
 def candidates(module: nn.Module) -> list[Candidate]:
-    """Trainable parameters of a stage in forward (registration) order, shared tensors once."""
+    """Trainable parameters of a stage in forward (registration) order, shared tensors once (their cost summed
+    over the modules that use them)."""
+    cost: dict[int, float] = {}
+    for owner in module.modules():
+        for pname, p in owner.named_parameters(recurse=False):
+            cost[id(p)] = cost.get(id(p), 0.0) + grad_cost(owner, pname, p.numel())
     seen: set[int] = set()
     out = []
     for name, p in module.named_parameters():
         if p.requires_grad and id(p) not in seen:
             seen.add(id(p))
-            out.append(Candidate(name=name, cost=float(p.numel())))
+            out.append(Candidate(name=name, cost=cost[id(p)]))
     return out
 
 
-def closest_prefix(items: Sequence[Candidate], ratio: float) -> Selection:
-    """The prefix of `items` whose cost share is closest to `ratio` (ties: the shorter prefix).
-
-    >>> c = [Candidate(name=n, cost=w) for n, w in (("a", 1.0), ("b", 1.0), ("c", 2.0))]
-    >>> sorted(closest_prefix(c, 0.5).names)
-    ['a', 'b']
-    """
-    total = sum(c.cost for c in items)
-    if total <= 0 or ratio <= 0:
-        return Selection(names=frozenset(), share=0.0)
-    best_k, best_gap, acc = 0, ratio, 0.0
-    for k, c in enumerate(items, start=1):
-        acc += c.cost
-        gap = abs(acc / total - ratio)
-        if gap < best_gap - 1e-12:
-            best_k, best_gap = k, gap
-    chosen = items[:best_k]
-    return Selection(names=frozenset(c.name for c in chosen), share=sum(c.cost for c in chosen) / total)
+def stage_mode(policy: str, stage: int) -> str:
+    """The selection mode a policy uses on a stage (Note [freeze policy])."""
+    if policy in (AUTO, SKIP):
+        return SKIP if policy == SKIP or stage == 0 else ROTATE
+    if policy in (PREFIX, WEIGHTED) and stage == 0:
+        return policy
+    return ROTATE
 
 
 class Freezer:
-    """Per-(stage, micro-batch) frozen parameter sets for one rank's stages.
+    """Per-(stage, micro-batch) frozen parameter sets for one rank's stages, and what they realised.
 
     Args:
         stage_candidates: stage index -> its candidates (from `candidates`).
         ratios: (stage, micro-batch) -> planned freeze ratio of that micro-batch's B or W action.
+        num_microbatches: micro-batches per step M.
         seed: selection seed (the same on every data-parallel replica).
-        redraw_every: steps between random re-draws (>= 1).
+        redraw_every: window length in steps (>= 1), Note [window budget].
         ramp_steps: ratios ramp linearly from 0 to the plan over this many steps (0 = from the first step).
-        policy: auto (Note [freeze policy]), or prefix / random on every stage (for measurements).
+        policy: one of POLICIES (Note [freeze policy]).
+        max_stale_steps: Note [stale guard] (0 = off).
     """
 
     def __init__(
         self,
         stage_candidates: dict[int, list[Candidate]],
-        ratios: dict[tuple[int, int], float],
+        ratios: Mapping[tuple[int, int], float],
         *,
+        num_microbatches: int,
         seed: int,
         redraw_every: int = 10,
         ramp_steps: int = 0,
         policy: str = AUTO,
+        max_stale_steps: int = 0,
     ) -> None:
-        assert redraw_every >= 1 and ramp_steps >= 0 and policy in (AUTO, PREFIX, RANDOM)
-        self._policy = policy
+        assert redraw_every >= 1 and ramp_steps >= 0 and max_stale_steps >= 0 and policy in POLICIES
         self.stage_candidates = stage_candidates
-        self.ratios = ratios
-        self.seed = seed
-        self.redraw_every = redraw_every
-        self.ramp_steps = ramp_steps
-        self._cache: dict[tuple[int, int], Selection] = {}
-        self._cache_key: tuple[int, float] | None = None
-
-    def policy(self, stage: int) -> str:
-        """Note [freeze policy]."""
-        if self._policy != AUTO:
-            return self._policy
-        return PREFIX if stage == 0 else RANDOM
+        self.ratios = dict(ratios)
+        self.num_microbatches = num_microbatches
+        self.seed, self.redraw_every, self.ramp_steps = seed, redraw_every, ramp_steps
+        self.policy, self.max_stale_steps = policy, max_stale_steps
+        self._plans: dict[int, tuple[int, list[list[Selection]]]] = {}  # stage -> (window, (W, M) selections)
+        # Skip stages: (window, debt at its start, debt at its end or None until planned), tfrun.allocate.skip_steps.
+        self._debt: dict[int, tuple[int, list[float], list[float] | None]] = {}
+        self._forced: tuple[int, dict[int, dict[int, frozenset[str]]]] = (-1, {})  # step, stage -> mb -> names
+        self.stats = {s: TensorStats(len(c)) for s, c in stage_candidates.items()}
 
     def ramp(self, step: int) -> float:
         """Fraction of the planned ratios applied at `step` (0-based)."""
@@ -125,23 +148,147 @@ class Freezer:
 
     def selection(self, step: int, stage: int, mb: int) -> Selection:
         """The parameters frozen in stage `stage`'s micro-batch `mb` at training step `step`."""
-        key = (step // self.redraw_every, self.ramp(step))
-        if key != self._cache_key:
-            self._cache.clear()
-            self._cache_key = key
-        cached = self._cache.get((stage, mb))
-        if cached is not None:
-            return cached
-        ratio = self.ratios.get((stage, mb), 0.0) * key[1]
-        items = self.stage_candidates[stage]
-        if self.policy(stage) == RANDOM and ratio > 0:
-            rng = random.Random(f"{self.seed}/{key[0]}/{stage}/{mb}")  # str seeds hash deterministically
-            items = rng.sample(items, len(items))
-        chosen = closest_prefix(items, ratio)
-        self._cache[(stage, mb)] = chosen
-        return chosen
+        window = step // self.redraw_every
+        sel = self._window_plan(stage, window)[step - window * self.redraw_every][mb]
+        if self.max_stale_steps:
+            forced = self._forced_names(step, stage).get(mb)
+            if forced:
+                sel = self._selection(stage, {self._index(stage, n) for n in sel.names - forced})
+        return sel
+
+    def end_step(self, step: int, frozen_counts: Mapping[tuple[int, str], int]) -> None:
+        """Record what step `step` realised: (stage, name) -> micro-batches in which it was frozen."""
+        for s, cands in self.stage_candidates.items():
+            counts = [frozen_counts.get((s, c.name), 0) for c in cands]
+            self.stats[s].record(step, [self.num_microbatches - k for k in counts])
+
+    # -- planning ---------------------------------------------------------------------------------------------
+
+    def _window_plan(self, stage: int, window: int) -> list[list[Selection]]:
+        cached = self._plans.get(stage)
+        if cached is not None and cached[0] == window:
+            return cached[1]
+        w, m = self.redraw_every, self.num_microbatches
+        allowance = [[self.ratios.get((stage, j), 0.0) * self.ramp(window * w + t) for j in range(m)]
+                     for t in range(w)]
+        cands = self.stage_candidates[stage]
+        costs = [c.cost for c in cands]
+        mode = stage_mode(self.policy, stage)
+        rng = random.Random(f"{self.seed}/{window}/{stage}")  # str seeds hash deterministically
+        if not cands:
+            cells = [[frozenset()] * m for _ in range(w)]
+        elif mode == SKIP:
+            start = self._window_debt(stage, window)
+            skip, end = allocate.skip_steps(allowance, start)
+            self._debt[stage] = (window, start, end)
+            everything = frozenset(range(len(cands)))
+            cells = [[everything if s else frozenset() for s in row] for row in skip]
+        elif mode == ROTATE:
+            cells = allocate.rotate(costs, rng.sample(range(len(cands)), len(cands)), allowance)
+        elif mode == PREFIX:
+            cells = allocate.prefix(costs, lambda t, j: range(len(cands)), allowance)
+        else:
+            orders = [[allocate.weighted_order(len(cands), rng) for _ in range(m)] for _ in range(w)]
+            cells = allocate.prefix(costs, lambda t, j: orders[t][j], allowance)
+        plan = [[self._selection(stage, cell) for cell in row] for row in cells]
+        self._plans[stage] = (window, plan)
+        return plan
+
+    def _window_debt(self, stage: int, window: int) -> list[float]:
+        """The skip debt at the start of `window`: the end of the last planned window before it."""
+        got = self._debt.get(stage)
+        if got is None or got[0] > window:
+            return [0.0] * self.num_microbatches
+        if got[0] == window:
+            return got[1]
+        if got[2] is None:  # restored from a checkpoint: plan that window again to learn its end
+            self._window_plan(stage, got[0])
+            got = self._debt[stage]
+        return got[2]
+
+    def _selection(self, stage: int, frozen: set[int] | frozenset[int]) -> Selection:
+        cands = self.stage_candidates[stage]
+        total = sum(c.cost for c in cands)
+        share = sum(cands[i].cost for i in frozen) / total if total > 0 else 0.0
+        return Selection(names=frozenset(cands[i].name for i in frozen), share=min(1.0, share))
+
+    def _index(self, stage: int, name: str) -> int:
+        return next(i for i, c in enumerate(self.stage_candidates[stage]) if c.name == name)
+
+    def _forced_names(self, step: int, stage: int) -> dict[int, frozenset[str]]:
+        """Note [stale guard]: micro-batch -> names to unfreeze in it at `step`."""
+        if self._forced[0] != step:
+            self._forced = (step, {})
+        by_stage = self._forced[1]
+        if stage not in by_stage:
+            window = step // self.redraw_every
+            row = self._window_plan(stage, window)[step - window * self.redraw_every]
+            stale = self.stats[stage].stale(step, self.max_stale_steps)
+            forced: dict[int, set[str]] = {}
+            mbs = sorted(range(self.num_microbatches), key=lambda j: (self.ratios.get((stage, j), 0.0), j))
+            for i in stale:
+                name = self.stage_candidates[stage][i].name
+                if all(name in row[j].names for j in mbs):  # frozen everywhere this step: free it once
+                    forced.setdefault(mbs[0], set()).add(name)
+            by_stage[stage] = {j: frozenset(n) for j, n in forced.items()}
+        return by_stage[stage]
+
+    # -- state ------------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """Selection depends only on (seed, step, stage, mb): the seed is the whole RNG state."""
-        return {"seed": self.seed, "redraw_every": self.redraw_every, "ramp_steps": self.ramp_steps,
-                "policy": self._policy}
+        """Everything history-dependent: skip debts and per-tensor statistics (selection is otherwise a
+        function of seed, step, stage and micro-batch)."""
+        return {
+            "seed": self.seed, "policy": self.policy, "redraw_every": self.redraw_every,
+            "debt": {s: [w, list(start)] for s, (w, start, _) in self._debt.items()},
+            "stats": {s: st.state_dict() for s, st in self.stats.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._debt = {int(s): (int(w), [float(x) for x in d], None) for s, (w, d) in state.get("debt", {}).items()}
+        for s, st in state.get("stats", {}).items():
+            self.stats[int(s)].load_state_dict(st)
+        self._plans.clear()
+        self._forced = (-1, {})
+
+
+class TensorStats:
+    """Per-tensor update history of one stage (Note [stale guard]; written to freeze_stats.json)."""
+
+    def __init__(self, n: int) -> None:
+        self.steps = 0
+        self.steps_updated = [0] * n
+        """Steps in which the tensor received gradient from at least one micro-batch."""
+        self.contributions = [0] * n
+        """(step, micro-batch) pairs that contributed gradient."""
+        self.last_update = [-1] * n
+        """Last step with an update (-1: none yet)."""
+        self.longest_gap = [0] * n
+        """Most consecutive steps without an update."""
+
+    def record(self, step: int, contributions: list[int]) -> None:
+        self.steps += 1
+        for i, c in enumerate(contributions):
+            self.contributions[i] += c
+            if c > 0:
+                self.steps_updated[i] += 1
+                self.last_update[i] = step
+            self.longest_gap[i] = max(self.longest_gap[i], step - self.last_update[i])
+
+    def row(self, i: int) -> dict:
+        """Tensor i's statistics (a freeze_stats.json row, without stage, name and cost)."""
+        return {"steps": self.steps, "steps_updated": self.steps_updated[i], "contributions": self.contributions[i],
+                "last_update": self.last_update[i], "longest_gap": self.longest_gap[i]}
+
+    def stale(self, step: int, k: int) -> list[int]:
+        """Tensors with no update in the k steps before `step`."""
+        return [i for i, last in enumerate(self.last_update) if step - 1 - last >= k]
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, "steps_updated": self.steps_updated, "contributions": self.contributions,
+                "last_update": self.last_update, "longest_gap": self.longest_gap}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("steps_updated", "contributions", "last_update", "longest_gap"):
+            setattr(self, key, list(state[key]))
+        self.steps = int(state["steps"])

@@ -19,6 +19,9 @@ from tfrun.config import TrainConfig
 from tfrun.timing import ActionTime, makespans, medians_by_action, medians_by_stage_kind, p2p_latency_ms
 
 
+FREEZE_STATS_VERSION = 1
+
+
 def write_metrics(out: Path, metrics: list[dict]) -> None:
     """metrics.jsonl, one JSON object per step (rewritten atomically)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -29,9 +32,11 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime]) -> dict:
-    """summary.json: medians over the timed steps (after the ramp and the timing warm-up)."""
+def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime], stats: list[dict]) -> dict:
+    """summary.json: medians over the timed steps (after the ramp and the timing warm-up), the realised freeze
+    ratios (means over the steps after the ramp) and the per-tensor update extremes of freeze_stats.json."""
     timed = [row for row in metrics if row.get("timed")] or metrics
+    full = [row for row in metrics if row["step"] >= config.ramp_steps] or metrics
     step_ms = _median([row["step_time_ms"] for row in timed])
     predicted = config.predicted_step_ms
     evals = [row["eval_loss"] for row in metrics if "eval_loss" in row]
@@ -54,9 +59,30 @@ def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime
         "mean_freeze_ratio": [
             _median([row["freeze_ratio"][s] for row in timed]) for s in range(config.num_stages)
         ],
+        "planned_freeze_ratio": planned_stage_means(config),
+        "realised_freeze_ratio": [
+            statistics.fmean(row["freeze_ratio"][s] for row in full) if full else 0.0 for s in range(config.num_stages)
+        ],
+        "min_update_share": min((r["steps_updated"] / r["steps"] for r in stats if r["steps"]), default=None),
+        "min_contribution_share": min(
+            (r["contributions"] / (r["steps"] * config.num_microbatches) for r in stats if r["steps"]), default=None
+        ),
+        "longest_update_gap": max((r["longest_gap"] for r in stats), default=None),
         "final_train_loss": metrics[-1]["loss"] if metrics else None,
         "final_eval_loss": evals[-1] if evals else None,
     }
+
+
+def planned_stage_means(config: TrainConfig) -> list[float]:
+    """The run's planned mean freeze ratio per stage, over each stage's freezable actions (B and W)."""
+    from tfplan.actions import FREEZABLE, parse_action
+
+    sums, counts = [0.0] * config.num_stages, [0] * config.num_stages
+    for a in (parse_action(x) for row in config.order for x in row):
+        if a.kind in FREEZABLE:
+            sums[a.stage] += {"plan": config.ratios.get(str(a), 0.0), "none": 0.0, "all": 1.0}[config.freeze]
+            counts[a.stage] += 1
+    return [x / k if k else 0.0 for x, k in zip(sums, counts)]
 
 
 def measured_profile(config: TrainConfig, records: list[ActionTime], step_time_ms: float,
@@ -136,8 +162,9 @@ def replay_makespan(config: TrainConfig, records: list[ActionTime], p2p_ms: floa
     return simulate(dag, [med[str(a)] for a in dag.actions]).makespan_ms
 
 
-def write_outputs(out: Path, config: TrainConfig, summary: dict, records: list[ActionTime]) -> None:
-    """summary.json, timings.json and profile.json (rank 0, atomically)."""
+def write_outputs(out: Path, config: TrainConfig, summary: dict, records: list[ActionTime],
+                  stats: list[dict]) -> None:
+    """summary.json, timings.json, freeze_stats.json and profile.json (rank 0, atomically)."""
     base = None
     if config.plan_profile is not None:
         base = profile_mod.from_dict(config.plan_profile)
@@ -149,5 +176,9 @@ def write_outputs(out: Path, config: TrainConfig, summary: dict, records: list[A
         "makespan_ms": makespans(records),
         "p2p_ms": prof.p2p_ms,
         "step_overhead_ms": prof.step_overhead_ms,
+    })
+    write_json_atomic(out / "freeze_stats.json", {
+        "schema_version": FREEZE_STATS_VERSION, "policy": config.freeze_policy, "freeze": config.freeze,
+        "num_microbatches": config.num_microbatches, "redraw_every": config.redraw_every, "tensors": stats,
     })
     write_json_atomic(out / "summary.json", summary)

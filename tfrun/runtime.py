@@ -65,8 +65,8 @@ class StepState:
     """False during evaluation and in `--freeze none` runs."""
     shares: dict[tuple[int, int], float] = field(default_factory=dict)
     """(stage, mb) -> realised frozen share this step."""
-    frozen_counts: dict[str, int] = field(default_factory=dict)
-    """"stage:parameter name" -> micro-batches in which it was frozen this step (for --grad-rescale)."""
+    frozen_counts: dict[tuple[int, str], int] = field(default_factory=dict)
+    """(stage, parameter name) -> micro-batches in which it was frozen this step (--grad-rescale, stats)."""
 
     def begin(self, step: int) -> None:
         self.step = step
@@ -101,7 +101,7 @@ def make_stage(
             if (self.stage_index, mb) not in state.shares:
                 state.shares[(self.stage_index, mb)] = sel.share
                 for name in sel.names:
-                    key = f"{self.stage_index}:{name}"
+                    key = (self.stage_index, name)
                     state.frozen_counts[key] = state.frozen_counts.get(key, 0) + 1
             return sel.names
 

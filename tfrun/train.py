@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tfplan.actions import FREEZABLE, parse_action
 from tfrun import checkpoint, measure
 from tfrun.config import TrainConfig
 from tfrun.data import Batches, encode, eval_batches, load_corpus, split_tokens
@@ -26,23 +27,15 @@ from tfrun.timing import ActionTimer, gather_records
 log = logging.getLogger(__name__)
 
 
-def planned_ratios(config: TrainConfig, local_stages: list[int]) -> dict[tuple[int, int], float]:
-    """(stage, mb) -> ratio of that micro-batch's freezable action (B or W) on this rank's stages."""
+def planned_ratios(config: TrainConfig, stages: list[int]) -> dict[tuple[int, int], float]:
+    """(stage, mb) -> ratio of that micro-batch's freezable action (B or W) on `stages`."""
     out = {}
-    for action in config.order[dist.get_rank() if dist.is_initialized() else 0]:
-        stage, kind, mb = _parse(action)
-        if stage in local_stages and kind in "BW":
-            ratio = {"plan": config.ratios.get(action, 0.0), "none": 0.0, "all": 1.0}[config.freeze]
+    for action in (parse_action(a) for row in config.order for a in row):
+        if action.stage in stages and action.kind in FREEZABLE:
+            ratio = {"plan": config.ratios.get(str(action), 0.0), "none": 0.0, "all": 1.0}[config.freeze]
             if ratio > 0:
-                out[(stage, mb)] = ratio
+                out[(action.stage, action.mb)] = ratio
     return out
-
-
-def _parse(action: str) -> tuple[int, str, int]:
-    for i, ch in enumerate(action):
-        if ch in "FBIW":
-            return int(action[:i]), ch, int(action[i + 1 :])
-    raise TfrunError(f"not an action: {action!r}")
 
 
 def _device() -> torch.device:
@@ -64,10 +57,12 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
     freezer = Freezer(
         {s: candidates(m) for s, m in modules.items()},
         planned_ratios(config, local),
+        num_microbatches=config.num_microbatches,
         seed=config.seed,
         redraw_every=config.redraw_every,
         ramp_steps=config.ramp_steps if config.freeze == "plan" else 0,
         policy=config.freeze_policy,
+        max_stale_steps=config.max_stale_steps,
     )
     timer, state = ActionTimer(rank, device), StepState(freezing=config.freeze != "none")
     stages = [
@@ -89,7 +84,7 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
     metrics: list[dict] = []
     start = 0
     if config.resume:
-        start, metrics = checkpoint.load(out, rank, modules, optimizer, batches)
+        start, metrics = checkpoint.load(out, rank, modules, optimizer, batches, freezer)
 
     def evaluate() -> float:
         state.freezing, timer.enabled = False, False
@@ -123,10 +118,11 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         dist.barrier()
         step_ms = (time.perf_counter() - t0) * 1e3
         timer.end_step()
+        freezer.end_step(step, state.frozen_counts)
         loss = _from_last_stage(sum(v.item() for v in losses) / config.num_microbatches if has_last else 0.0,
                                 has_last, device)
         shares = _gather_shares(state, config.num_stages, config.num_microbatches)
-        row = {"step": step, "loss": loss, "step_time_ms": step_ms,
+        row = {"step": step, "time": time.time(), "loss": loss, "step_time_ms": step_ms,
                "tokens_per_s": config.global_batch * config.seq_len / (step_ms / 1e3),
                "freeze_ratio": shares, "timed": timer.enabled}
         last = step == config.steps - 1
@@ -141,12 +137,22 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
     progress.close()
 
     records = gather_records(timer.records)
+    stats = _gather_stats(freezer)
     if rank != 0:
         return None
-    summary = measure.summarize(config, metrics, records)
+    summary = measure.summarize(config, metrics, records, stats)
     (out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
-    measure.write_outputs(out, config, summary, records)
+    measure.write_outputs(out, config, summary, records, stats)
     return summary
+
+
+def _gather_stats(freezer: Freezer) -> list[dict] | None:
+    """Every rank's per-tensor update statistics on rank 0 (freeze_stats.json rows), None elsewhere."""
+    rows = [{"stage": s, "name": c.name, "cost": c.cost, **freezer.stats[s].row(i)}
+            for s, cands in sorted(freezer.stage_candidates.items()) for i, c in enumerate(cands)]
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(rows, parts, dst=0)
+    return None if parts is None else [row for part in parts for row in part]
 
 
 def _from_last_stage(value: float, has_last: bool, device: torch.device) -> float:
@@ -171,7 +177,7 @@ def _rescale(modules: dict, state: StepState, m: int) -> None:
     """--grad-rescale: gradient of a parameter = mean over the micro-batches that contributed to it."""
     for s, module in modules.items():
         for name, p in module.named_parameters():
-            frozen = state.frozen_counts.get(f"{s}:{name}", 0)
+            frozen = state.frozen_counts.get((s, name), 0)
             if p.grad is not None and 0 < frozen < m:
                 p.grad.mul_(m / (m - frozen))
 
