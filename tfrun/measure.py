@@ -18,7 +18,6 @@ from tfplan.fileio import write_json_atomic, write_text_atomic
 from tfrun.config import TrainConfig
 from tfrun.timing import ActionTime, makespans, medians_by_action, medians_by_stage_kind, p2p_latency_ms
 
-
 FREEZE_STATS_VERSION = 1
 
 
