@@ -167,7 +167,8 @@ def test_every_window_keeps_the_stage_mean_and_updates_every_tensor(p):
                     sel = cells[(s, j)]
                     assert sel.share == pytest.approx(sum(c.cost for c in cands if c.name in sel.names) / total)
             unfrozen = w * m * (1 - max(ratios[(s, j)] for j in range(m)))
-            if stage_mode(p["policy"], s) in ("rotate", "skip") and unfrozen >= 1:
+            mode = stage_mode(p["policy"], s)
+            if mode in ("rotate", "skip", "prefix|rotate") and unfrozen >= 1:
                 for c in cands:  # Note [rotation], Note [skip]: every tensor learns in every window
                     assert any(c.name not in cells[(s, j)].names for cells in window for j in range(m))
 
@@ -181,6 +182,19 @@ def test_prefix_starves_the_front_and_auto_does_not():
         assert (f.stats[0].steps_updated[0] == 0) == starved, policy
         if not starved:
             assert max(f.stats[0].longest_gap) < 2 * 10  # at least once per window
+
+
+def test_auto_freezes_prefixes_on_stage_0_while_the_plan_leaves_a_microbatch_unfrozen():
+    stage0 = _items([1, 30, 30, 30, 30, 30])
+    kw = dict(num_microbatches=4, seed=3)
+    covered = {(0, 0): 0.5, (0, 1): 0.5, (0, 2): 0.5}  # micro-batch 3 trains the whole stage every step
+    auto = _run(Freezer({0: stage0}, covered, policy="auto", **kw), range(10))
+    assert auto == _run(Freezer({0: stage0}, covered, policy="prefix", **kw), range(10))
+    assert all(cells[(0, j)].names == {f"p{i}" for i in range(len(cells[(0, j)].names))}  # prefixes
+               for cells in auto for j in range(4))
+    starved = {(0, j): 0.5 for j in range(4)}  # a prefix would never train p0: rotate, as `random` does
+    auto = _run(Freezer({0: stage0}, starved, policy="auto", **kw), range(10))
+    assert auto == _run(Freezer({0: stage0}, starved, policy="random", **kw), range(10))
 
 
 def test_stale_guard_bounds_the_gap_even_at_ratio_one():

@@ -32,6 +32,21 @@ def _tfrun(*args: str, env: dict | None = None, timeout: float = 240) -> subproc
                           env=dict(os.environ, **(env or {})))
 
 
+def _stress_plan(tmp_path: Path, ratio: float = 0.9) -> Path:
+    """A valid plan at cap `ratio` that freezes every backward action at exactly `ratio` (issue 9's check)."""
+    from tfplan import plan
+    from tfplan.actions import FREEZABLE, parse_action
+
+    obj = json.loads(_plan(tmp_path).read_text())
+    for item in obj["actions"]:
+        if parse_action(item["action"]).kind in FREEZABLE and item["max_ms"] > item["min_ms"]:
+            item["freeze_ratio"] = ratio
+    path = tmp_path / "plan-stress.json"
+    path.write_text(json.dumps(obj))
+    plan.load(path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def plan_path(tmp_path_factory) -> Path:
     torch_or_skip()
@@ -60,6 +75,36 @@ def test_train_writes_metrics_summary_profile_and_checkpoint(plan_path, tmp_path
     assert prof.source["kind"] == "measured" and len(prof.stages) == 2 and prof.stages[0].forward_ms > 0
     assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == 3
     assert "step time" in proc.stdout  # the human summary table
+
+
+@pytest.mark.slow
+def test_every_tensor_learns_between_checkpoints_at_ratio_0_9(tmp_path):
+    torch = torch_or_skip()
+    stress = _stress_plan(tmp_path)
+    summaries, models = {}, {}
+    for policy in ("auto", "random", "prefix"):
+        out = tmp_path / policy
+        proc = _tfrun("train", "--plan", str(stress), "--steps", "40", "--checkpoint-every", "10", "--out", str(out),
+                      "--freeze-policy", policy, *FAST)
+        assert proc.returncode == 0, proc.stderr
+        summaries[policy] = json.loads((out / "summary.json").read_text())
+        models[policy] = [{(s, name): t for rank in (0, 1)
+                           for s, state in torch.load(out / "checkpoints" / f"step{k:07d}" / f"rank{rank}.pt",
+                                                      weights_only=False)["models"].items()
+                           for name, t in state.items()} for k in (10, 20, 30, 40)]
+
+    def unchanged(policy):
+        return {key for a, b in zip(models[policy], models[policy][1:]) for key in a if torch.equal(a[key], b[key])}
+
+    assert unchanged("auto") == set() and unchanged("random") == set()
+    assert (0, "embed.weight") in unchanged("prefix")  # the check has teeth: a prefix starves stage 0's front
+    auto = summaries["auto"]
+    assert auto["final_eval_loss"] <= summaries["random"]["final_eval_loss"] * 1.01
+    assert auto["longest_update_gap"] < 20 and auto["min_update_share"] > 0
+    assert all(r <= p + 1e-9 for r, p in zip(auto["realised_freeze_ratio"], auto["planned_freeze_ratio"]))
+    stats = json.loads((tmp_path / "auto" / "freeze_stats.json").read_text())
+    assert {(row["stage"], row["name"]) for row in stats["tensors"]} == set(models["auto"][0])
+    assert all(row["steps"] == 40 and 0 < row["steps_updated"] <= 40 for row in stats["tensors"])
 
 
 @pytest.mark.slow

@@ -19,11 +19,24 @@ window, each tensor receives gradient from at least one micro-batch as soon as t
 adds up to one turn (e.g. 8 micro-batches at r = 0.9 give 0.8 of a turn per step). i.i.d. random subsets
 instead leave a tensor frozen in all M micro-batches of a step with probability about r^M (0.43 at 0.9, M=8).
 
-Note [skip]: on stage 0 nothing needs an input gradient, so a micro-batch whose every parameter is frozen
-skips its whole stage-0 backward (measured 37.6 -> 0.2 ms), while a random subset saves little until r = 1.
-The skip policy realises ratio r by skipping the micro-batch's backward in a share r of the window's steps,
-spread evenly and staggered across micro-batches; the mean duration is exactly the LP's linear value (both
-endpoints are measured) and every parameter learns from the micro-batches not skipped.
+Note [stage 0]: nothing needs an input gradient on stage 0, so the frozen set decides how far down its
+backward runs: a prefix (embedding, block 0, ...) prunes the backward below the first unfrozen tensor and
+its time falls linearly with r, as the LP assumes, while a random subset leaves the whole input-gradient
+chain running and saves little until r = 1 (37.6 -> 24.5 ms at r = 0.75, 0.2 ms at r = 1). But a prefix
+never trains the front while the ratios stay high. The `auto` policy (tfrun.freezing) freezes prefixes in
+every window in which some cell freezes nothing (an action the plan leaves unfrozen trains the whole stage
+in every step: the usual case for LP plans, which leave stage 0's pipeline-fill or drain backwards off the
+critical path) and rotating subsets otherwise, so every tensor learns in every window. We measured the
+alternatives that keep the linear time with every tensor learning, and each trained worse
+(docs/benchmarks.md, "Freeze policies"): whole-backward skips in a share r of steps (exact mean times,
+but the mean step exceeds the LP's by 12% on the tiny 1F1B plan: the LP shortens every backward a little,
+which a step that skips some backwards entirely and runs the others in full cannot do), one full backward
+per action and window with deeper prefixes elsewhere, and one micro-batch left unfrozen at run time.
+
+Note [skip]: the `skip` policy realises ratio r by skipping a micro-batch's whole backward in a share r of
+the window's steps, spread evenly and staggered across micro-batches; the mean duration is exactly the
+LP's linear value (both endpoints are measured) and every parameter learns from the micro-batches not
+skipped, but steps vary (Note [stage 0]).
 """
 
 from __future__ import annotations
@@ -60,8 +73,7 @@ def rotate(costs: Sequence[float], order: Sequence[int], allowance: Sequence[Seq
         cells = []
         for m, allow in enumerate(row):
             budget = carry[m] + allow
-            if budget <= EPS:  # nothing earned: freeze nothing, and the cursor stays
-                carry[m] = max(budget, 0.0)
+            if allow <= EPS:  # nothing planned in this cell: freeze nothing; the cursor and the carry wait
                 cells.append(frozenset())
                 continue
             need = 1.0 - budget  # unfrozen share this cell must keep
@@ -94,6 +106,9 @@ def prefix(costs: Sequence[float], order_of: Callable[[int, int], Sequence[int]]
     for t, row in enumerate(allowance):
         cells = []
         for m, allow in enumerate(row):
+            if allow <= EPS:  # nothing planned in this cell: freeze nothing; the carry waits for the next
+                cells.append(frozenset())
+                continue
             order = order_of(t, m)
             budget = carry[m] + allow
             acc, k = 0.0, 0

@@ -40,12 +40,14 @@ def train_cmd(
     ] = "detach",
     freeze_policy: Annotated[
         str, typer.Option("--freeze-policy", help=(
-            "Which tensors an action freezes. auto (default): stage 0 skips whole micro-batch backwards in a "
-            "share r of steps, other stages freeze rotating random subsets; every tensor keeps learning. "
-            "skip: whole-backward skips on every stage. random: rotating random subsets everywhere (stage 0 "
-            "then saves little until r = 1). prefix: stage 0 freezes its front layers, linear in time but the "
-            "front of the model stops learning while ratios stay high (costs eval loss: docs/benchmarks.md). "
-            "weighted: stage 0 draws front-weighted random subsets (the paper's code)."))
+            "Which tensors an action freezes. auto (default): stage 0 freezes its front layers (a prefix, "
+            "linear in time as planned) whenever the plan leaves one of its micro-batches unfrozen, rotating "
+            "random subsets otherwise; other stages freeze rotating random subsets; every tensor keeps "
+            "learning. random: rotating random subsets everywhere (stage 0 then saves little until r = 1). "
+            "prefix: stage 0 always freezes its front layers: planned speed, but the front stops learning "
+            "while the ratios stay high (costs eval loss: docs/benchmarks.md). skip: whole backwards skipped "
+            "in a share r of steps (steps vary: slower than planned, trains worst). weighted: stage 0 draws "
+            "front-weighted random subsets (the paper's code)."))
     ] = "auto",
     ramp_steps: Annotated[int, typer.Option("--ramp-steps", help="Ramp ratios from 0 over K steps.")] = 0,
     redraw_every: Annotated[

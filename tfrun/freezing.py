@@ -6,15 +6,18 @@ width for an embedding (its gradient is an index-add of one row per token, not a
 a norm scale. Element counts would make LLaMA-3.2-1B's embedding 52% of stage 0's "cost" although freezing
 it saves almost nothing. Shares and realised ratios are reported in this unit.
 
-Note [freeze policy] (`--freeze-policy`; measured in docs/benchmarks.md):
-  auto      (default) stage 0 skips whole micro-batch backwards (tfrun.allocate Note [skip]); every other
-            stage freezes rotating random subsets (Note [rotation]). Stage 0 gets the linear time saving the
-            LP assumes and still trains every tensor.
-  skip      whole-backward skips on every stage.
+Note [freeze policy] (`--freeze-policy`; measured in docs/benchmarks.md, "Freeze policies"):
+  auto      (default) stage 0 freezes prefixes (linear time) in every window in which the plan leaves some
+            micro-batch unfrozen (it then trains the whole stage), and rotating random subsets otherwise
+            (tfrun.allocate Note [stage 0]); every other stage freezes rotating random subsets (Note
+            [rotation]). Every tensor learns in every window. Measured: on LP plans it trains as well as the
+            best policy (prefix), and on a plan that freezes everything at 0.9 as well as `random`.
+  skip      whole-backward skips in a share r of steps on every stage (tfrun.allocate Note [skip]): exact
+            mean times, but steps vary and the mean step exceeds the LP's; trains worst of all.
   random    rotating random subsets on every stage (fair, but stage 0 saves little until r = 1).
-  prefix    stage 0 freezes a prefix (embedding, block 0, ...): linear in time, but the front of the model
-            never learns while its ratios stay high (measured: 18 of 19 stage-0 tensors never updated in
-            1000 steps at cap 0.9 under interleaved ZB). Rotating subsets elsewhere.
+  prefix    stage 0 always freezes a prefix (embedding, block 0, ...): linear in time, but the front of the
+            model never learns while its ratios stay high (measured: 18 of 19 stage-0 tensors never updated
+            in 1000 steps at cap 0.9 under interleaved ZB). Rotating subsets elsewhere.
   weighted  stage 0 draws a random subset weighted towards the front (the paper's code), frozen as a
             prefix of that random order; rotating subsets elsewhere.
 Every policy plans a window of `redraw_every` steps at once (tfrun.allocate Note [window budget]): over
@@ -31,6 +34,7 @@ Parameters with requires_grad=False at construction are never candidates.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,9 +43,12 @@ from torch import nn
 
 from tfrun import allocate
 
+log = logging.getLogger(__name__)
+
 AUTO, SKIP, RANDOM, PREFIX, WEIGHTED = "auto", "skip", "random", "prefix", "weighted"
 POLICIES = (AUTO, SKIP, RANDOM, PREFIX, WEIGHTED)
 ROTATE = "rotate"  # the per-stage mode of `random` (and of other stages under auto/prefix/weighted)
+PREFIX_OR_ROTATE = "prefix|rotate"  # stage 0 under auto: tfrun.allocate Note [stage 0]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,10 +102,10 @@ def candidates(module: nn.Module) -> list[Candidate]:
 
 def stage_mode(policy: str, stage: int) -> str:
     """The selection mode a policy uses on a stage (Note [freeze policy])."""
-    if policy in (AUTO, SKIP):
-        return SKIP if policy == SKIP or stage == 0 else ROTATE
-    if policy in (PREFIX, WEIGHTED) and stage == 0:
-        return policy
+    if policy == SKIP:
+        return SKIP
+    if stage == 0 and policy in (AUTO, PREFIX, WEIGHTED):
+        return PREFIX_OR_ROTATE if policy == AUTO else policy
     return ROTATE
 
 
@@ -139,6 +146,7 @@ class Freezer:
         self._debt: dict[int, tuple[int, list[float], list[float] | None]] = {}
         self._forced: tuple[int, dict[int, dict[int, frozenset[str]]]] = (-1, {})  # step, stage -> mb -> names
         self.stats = {s: TensorStats(len(c)) for s, c in stage_candidates.items()}
+        self._warned: set[int] = set()
 
     def ramp(self, step: int) -> float:
         """Fraction of the planned ratios applied at `step` (0-based)."""
@@ -183,12 +191,20 @@ class Freezer:
             self._debt[stage] = (window, start, end)
             everything = frozenset(range(len(cands)))
             cells = [[everything if s else frozenset() for s in row] for row in skip]
+        elif mode in (PREFIX, PREFIX_OR_ROTATE):
+            cells = allocate.prefix(costs, lambda t, j: range(len(cands)), allowance)
+            if mode == PREFIX_OR_ROTATE and frozenset.intersection(*(c for row in cells for c in row)):
+                # a prefix would starve some tensor for the whole window (tfrun.allocate Note [stage 0])
+                if stage not in self._warned:
+                    self._warned.add(stage)
+                    log.warning("stage %d: the plan leaves no micro-batch unfrozen, so the auto policy freezes "
+                                "rotating subsets there, which saves less time than planned; --freeze-policy "
+                                "prefix keeps the planned time but stops the stage's front layers learning", stage)
+                cells = allocate.rotate(costs, rng.sample(range(len(cands)), len(cands)), allowance)
         elif mode == ROTATE:
             cells = allocate.rotate(costs, rng.sample(range(len(cands)), len(cands)), allowance)
-        elif mode == PREFIX:
-            cells = allocate.prefix(costs, lambda t, j: range(len(cands)), allowance)
         else:
-            orders = [[allocate.weighted_order(len(cands), rng) for _ in range(m)] for _ in range(w)]
+            orders = [[allocate.weighted_order(len(cands), rng) for _ in range(m)] for _ in range(w)]  # weighted
             cells = allocate.prefix(costs, lambda t, j: orders[t][j], allowance)
         plan = [[self._selection(stage, cell) for cell in row] for row in cells]
         self._plans[stage] = (window, plan)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tfplan.actions import parse_action
+
 
 @dataclass(frozen=True, slots=True)
 class ActionTime:
@@ -95,18 +97,11 @@ def gather_records(records: list[ActionTime], group=None) -> list[ActionTime] | 
     return [ActionTime(*row) for rank_rows in out for row in rank_rows]
 
 
-def _kind(action: str) -> tuple[int, str, int]:
-    for i, ch in enumerate(action):
-        if ch in "FBIW":
-            return int(action[:i]), ch, int(action[i + 1 :])
-    raise AssertionError(f"not an action: {action}")
-
-
 def medians_by_stage_kind(records: Iterable[ActionTime]) -> dict[tuple[int, str], float]:
     """(stage, kind) -> median duration (ms) over every micro-batch and step."""
     groups: dict[tuple[int, str], list[float]] = defaultdict(list)
     for r in records:
-        stage, kind, _ = _kind(r.action)
+        stage, kind, _ = parse_action(r.action)
         groups[(stage, kind)].append(r.duration_ms)
     return {k: statistics.median(v) for k, v in groups.items()}
 
@@ -147,7 +142,7 @@ def p2p_latency_ms(records: Sequence[ActionTime], stage_to_rank: Sequence[int]) 
             prev_end[(b.step, b.action)] = a.end_ms
     lags = []
     for r in records:
-        stage, kind, mb = _kind(r.action)
+        stage, kind, mb = parse_action(r.action)
         if kind == "F" and stage > 0:
             sources = [f"{stage - 1}F{mb}"]
         elif kind in "BI" and stage < len(stage_to_rank) - 1:
@@ -156,7 +151,7 @@ def p2p_latency_ms(records: Sequence[ActionTime], stage_to_rank: Sequence[int]) 
             continue
         for src_name in sources:
             src = by_key.get((r.step, src_name))
-            if src is None or stage_to_rank[_kind(src_name)[0]] == stage_to_rank[stage]:
+            if src is None or stage_to_rank[parse_action(src_name).stage] == stage_to_rank[stage]:
                 continue
             if prev_end.get((r.step, r.action), 0.0) <= src.end_ms:
                 lags.append(max(0.0, r.start_ms - src.end_ms))
