@@ -39,7 +39,8 @@ def run(root: Path, method: str, policy: str, steps: int) -> dict[float, dict[in
                          freeze_policy=policy, steps=steps, out_dir=str(out), quiet=True, eval_batches=1,
                          timing_warmup_steps=2, redraw_every=1)
     launch(config)
-    by_action = json.loads((out / "timings.json").read_text())["by_action_ms"]
+    actions = json.loads((out / "timings.json").read_text())["actions"]
+    by_action = {a: row["duration_ms"] for a, row in actions.items()}
     result: dict[float, dict[int, float]] = {}
     for r in RATIOS:
         for stage in (0, 1):

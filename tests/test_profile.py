@@ -84,8 +84,8 @@ BAD = [
         1.5,
         "stages[2].backward_weight_frozen_ms: must be <= backward_weight_ms (1), got 1.5",
     ),
-    ("schema 2", "schema_version", 2, "schema_version: must be 1, got 2"),
-    ("schema string", "schema_version", "1", 'schema_version: must be 1, got "1"'),
+    ("schema 3", "schema_version", 3, "schema_version: must be one of (1, 2), got 3"),
+    ("schema string", "schema_version", "1", 'schema_version: must be one of (1, 2), got "1"'),
     ("stages not a list", "stages", {"0": STAGE}, "stages: must be a non-empty list"),
     ("stages empty", "stages", [], "stages: must be a non-empty list"),
     ("stage not an object", "stages[1]", [1, 2, 3], "stages[1]: must be an object, got list"),
@@ -126,7 +126,7 @@ def test_top_level_must_be_an_object() -> None:
 
 
 def test_schema_version_true_is_rejected() -> None:
-    with pytest.raises(TfplanError, match="^schema_version: must be 1"):
+    with pytest.raises(TfplanError, match="^schema_version: must be one of"):
         profile.from_dict(_set(_valid(), "schema_version", True))
 
 

@@ -2,9 +2,13 @@
 
 Format (docs/formats.md has the full reference)::
 
-    {"schema_version": 1, "name": "...", "source": {...}, "p2p_ms": 0.0, "step_overhead_ms": 0.0,
+    {"schema_version": 2, "name": "...", "source": {...}, "p2p_ms": 0.0, "dispatch_ms": 0.0,
+     "step_overhead_ms": 0.0, "quality": {...},
      "stages": [{"forward_ms": 1.0, "backward_ms": 2.0, "backward_frozen_ms": 1.0,
-                 "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "backward_weight_frozen_ms": 0.0}, ...]}
+                 "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "backward_weight_frozen_ms": 0.0,
+                 "tail_ms": 0.0}, ...]}
+
+Version 1 (no dispatch_ms, quality or tail_ms) still loads, with those at 0 / absent.
 
 Instead of "stages", a profile may give "layers" (same fields plus an optional "name"); tfplan then splits
 the layers into the schedule's stage count, contiguously and balanced by time (Note [layer partition]).
@@ -22,7 +26,8 @@ from typing import Any
 
 from tfplan.errors import TfplanError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READS_VERSIONS = (1, 2)
 COST_FIELDS = (
     "forward_ms",
     "backward_ms",
@@ -31,6 +36,8 @@ COST_FIELDS = (
     "backward_weight_ms",
     "backward_weight_frozen_ms",
 )
+OPTIONAL_COST_FIELDS = ("tail_ms",)  # default 0 (and absent from version-1 files)
+QUALITY_KEYS = {"steps": int, "spread": dict, "max_spread": float, "replay_gap": float, "warnings": list}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,12 +56,16 @@ class StageCost:
     """W: weight-gradient half of a split backward, nothing frozen."""
     backward_weight_frozen_ms: float
     """W with every parameter frozen (near 0)."""
+    tail_ms: float = 0.0
+    """Work after its rank's last action attributable to this stage (its optimizer step; measured: the rank's
+    time from its last action's end to its optimizer's end, split over its stages by parameter count). A
+    rank's tail is the sum over its stages; the step ends when the slowest rank has finished its tail."""
     name: str = ""
     """Optional label (layer profiles: 'embed', 'block3', 'head')."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name} if self.name else {}
-        return out | {f: getattr(self, f) for f in COST_FIELDS}
+        return out | {f: getattr(self, f) for f in COST_FIELDS + OPTIONAL_COST_FIELDS}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,8 +78,16 @@ class Profile:
     """Free-form provenance: kind (measured/analytic/hand), device, torch version, date, formula."""
     p2p_ms: float = 0.0
     """Latency added on every edge between two stages on different ranks (ms)."""
+    dispatch_ms: float = 0.0
+    """Fixed runtime cost of every action (the executor's bookkeeping and communication calls between two
+    compute actions of a rank), ms; the DAG adds it to every action's duration."""
     step_overhead_ms: float = 0.0
-    """Time per step outside the DAG's actions (optimizer step, loss, waits), added to predicted step time."""
+    """Time per step outside the DAG's actions and the ranks' optimizer tails (the step's start and final
+    barrier), added to predicted step times."""
+    quality: dict[str, Any] | None = None
+    """How far to trust a measured profile: timed steps, per (stage, kind) relative spread ((p75 - p25) /
+    median), the largest spread, the replay gap ((measured step - replayed step) / measured step) and the
+    warnings raised; None for hand and analytic profiles."""
     stages: tuple[StageCost, ...] | None = None
     """Per-stage costs, or None when the profile is per layer."""
     layers: tuple[StageCost, ...] | None = None
@@ -80,8 +99,11 @@ class Profile:
             "name": self.name,
             "source": self.source,
             "p2p_ms": self.p2p_ms,
+            "dispatch_ms": self.dispatch_ms,
             "step_overhead_ms": self.step_overhead_ms,
         }
+        if self.quality is not None:
+            out["quality"] = self.quality
         key, items = ("stages", self.stages) if self.stages is not None else ("layers", self.layers)
         out[key] = [c.to_dict() for c in items or ()]
         return out
@@ -126,7 +148,9 @@ def split_profile(profile: Profile, num_stages: int, layers_per_stage: Sequence[
         name=f"{profile.name}-{num_stages}stages",
         source=profile.source | {"split": split, "split_rule": "given" if layers_per_stage else "balanced by time"},
         p2p_ms=profile.p2p_ms,
+        dispatch_ms=profile.dispatch_ms,
         step_overhead_ms=profile.step_overhead_ms,
+        quality=profile.quality,
         stages=stages,
     )
 
@@ -183,7 +207,7 @@ def partition_layers(
     for s, count in enumerate(counts):
         group = layers[start : start + count]
         start += count
-        total = {f: math.fsum(getattr(c, f) for c in group) for f in COST_FIELDS}
+        total = {f: math.fsum(getattr(c, f) for c in group) for f in COST_FIELDS + OPTIONAL_COST_FIELDS}
         if s == 0:
             total |= {
                 "backward_frozen_ms": 0.0,
@@ -223,8 +247,9 @@ def _check_keys(obj: Any, path: str, required: set[str], optional: set[str]) -> 
 
 
 def _cost_from_dict(obj: Any, path: str) -> StageCost:
-    _check_keys(obj, path, set(COST_FIELDS), {"name"})
+    _check_keys(obj, path, set(COST_FIELDS), {"name", *OPTIONAL_COST_FIELDS})
     values = {f: _number(obj[f], f"{path}.{f}") for f in COST_FIELDS}
+    values |= {f: _number(obj[f], f"{path}.{f}") for f in OPTIONAL_COST_FIELDS if f in obj}
     if values["backward_frozen_ms"] > values["backward_ms"]:
         raise TfplanError(
             f"{path}.backward_frozen_ms: must be <= backward_ms ({values['backward_ms']:g}), "
@@ -244,9 +269,13 @@ def _cost_from_dict(obj: Any, path: str) -> StageCost:
 def from_dict(obj: Any) -> Profile:
     """Validate a parsed profile JSON object; every error names the field path."""
     top = {"schema_version", "name", "p2p_ms"}
-    _check_keys(obj, "", top, {"source", "stages", "layers", "step_overhead_ms"})
-    if type(obj["schema_version"]) is not int or obj["schema_version"] != SCHEMA_VERSION:
-        raise TfplanError(f"schema_version: must be {SCHEMA_VERSION}, got {json.dumps(obj['schema_version'])}")
+    if not isinstance(obj, dict):
+        raise TfplanError(f"profile: must be an object, got {type(obj).__name__}")
+    version = obj.get("schema_version")
+    if type(version) is not int or version not in READS_VERSIONS:
+        raise TfplanError(f"schema_version: must be one of {READS_VERSIONS}, got {json.dumps(version)}")
+    new = {"dispatch_ms", "quality"} if version >= 2 else set()
+    _check_keys(obj, "", top, {"source", "stages", "layers", "step_overhead_ms", *new})
     if not isinstance(obj["name"], str) or not obj["name"]:
         raise TfplanError("name: must be a non-empty string")
     source = obj.get("source", {})
@@ -263,10 +292,35 @@ def from_dict(obj: Any) -> Profile:
         name=obj["name"],
         source=source,
         p2p_ms=_number(obj["p2p_ms"], "p2p_ms"),
+        dispatch_ms=_number(obj.get("dispatch_ms", 0.0), "dispatch_ms"),
         step_overhead_ms=_number(obj.get("step_overhead_ms", 0.0), "step_overhead_ms"),
+        quality=_quality(obj.get("quality")),
         stages=costs if key == "stages" else None,
         layers=costs if key == "layers" else None,
     )
+
+
+def _quality(obj: Any) -> dict[str, Any] | None:
+    """Validate the optional quality section (keys and types of QUALITY_KEYS, all optional)."""
+    if obj is None:
+        return None
+    _check_keys(obj, "quality", set(), set(QUALITY_KEYS))
+    for key, kind in QUALITY_KEYS.items():
+        if key not in obj:
+            continue
+        value = obj[key]
+        if kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TfplanError(f"quality.{key}: must be a finite number, got {json.dumps(value)}")
+            if key != "replay_gap":  # the replay may exceed the measured step
+                _number(value, f"quality.{key}")
+        elif not isinstance(value, kind) or isinstance(value, bool):
+            raise TfplanError(f"quality.{key}: must be {'an integer' if kind is int else 'a ' + kind.__name__}")
+    for name, value in obj.get("spread", {}).items():
+        _number(value, f"quality.spread.{name}")
+    if not all(isinstance(w, str) for w in obj.get("warnings", [])):
+        raise TfplanError("quality.warnings: must be a list of strings")
+    return obj
 
 
 def load(path: str | Path) -> Profile:

@@ -110,9 +110,17 @@ def profile_cmd(
                                              "stages x stages-per-rank model chunks.")
     ] = 2,
     microbatches: Annotated[int, typer.Option("--microbatches", "-m", help="Micro-batches per step.")] = 8,
-    schedule: Annotated[str, typer.Option("--schedule", help="Full-backward schedule timed for F/B.")] = "1f1b",
-    stages_per_rank: Annotated[int, typer.Option("--stages-per-rank", help="Stages per rank V.")] = 1,
-    steps: Annotated[int, typer.Option("--steps", help="Steps per measuring run (4 runs).")] = 8,
+    schedule: Annotated[
+        str, typer.Option("--schedule", help="Schedule to profile (any tfrun runs); the other backward style "
+                                             "comes from its counterpart.")
+    ] = "1f1b",
+    stages_per_rank: Annotated[
+        int | None, typer.Option("--stages-per-rank", help="Stages per rank V (default: the schedule's).")
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Steps per measuring run (4 runs; 2 untimed).")] = 20,
+    repeat: Annotated[
+        int, typer.Option("--repeat", help="Measure N times and keep the most consistent set.")
+    ] = 1,
     microbatch_size: Annotated[int, typer.Option("--microbatch-size", help="Sequences per micro-batch.")] = 4,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 128,
     threads: Annotated[int, typer.Option("--threads", help="Compute threads per rank (CPU).")] = 1,
@@ -122,19 +130,26 @@ def profile_cmd(
         str | None, typer.Option("--work-dir", help="Keep the measuring runs here (default: a temp folder).")
     ] = None,
 ) -> None:
-    """Measure a profile inside the pipeline: nothing frozen, then everything frozen, with a full-backward
-    schedule (F, B, frozen B) and its split I/W counterpart (I, W, frozen W); writes tfplan's format."""
+    """Measure a profile inside the pipeline: nothing frozen, then everything frozen, with the schedule itself
+    and its counterpart of the other backward style (tfrun.profiling); writes tfplan's format and warns when
+    a measurement is unstable."""
     from tfrun import profiling
 
     with user_errors(TfrunError):
         prof = profiling.measure(
             model=model, num_ranks=stages, num_microbatches=microbatches, schedule=schedule,
             stages_per_rank=stages_per_rank, steps=steps, microbatch_size=microbatch_size, seq_len=seq_len,
-            threads=threads, seed=seed, work_dir=work_dir,
+            threads=threads, seed=seed, work_dir=work_dir, repeat=repeat,
         )
         from tfplan.fileio import write_json_atomic
 
         write_json_atomic(output, prof.to_dict())
+        warnings = (prof.quality or {}).get("warnings", [])
+        console = Console(highlight=False, stderr=True)
+        for warning in warnings[:5]:
+            console.print(f"[yellow]warning:[/yellow] {warning}")
+        if len(warnings) > 5:
+            console.print(f"[yellow]warning:[/yellow] and {len(warnings) - 5} more (quality.warnings in {output})")
         Console(highlight=False).print(f"profile written to {output}")
 
 

@@ -59,6 +59,8 @@ class Candidate:
     """Name in the stage module (`layers.3.mlp.w1.weight`)."""
     cost: float
     """Weight-gradient FLOPs per token (Note [freeze share])."""
+    numel: int = 0
+    """Elements."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,7 +98,7 @@ def candidates(module: nn.Module) -> list[Candidate]:
     for name, p in module.named_parameters():
         if p.requires_grad and id(p) not in seen:
             seen.add(id(p))
-            out.append(Candidate(name=name, cost=cost[id(p)]))
+            out.append(Candidate(name=name, cost=cost[id(p)], numel=p.numel()))
     return out
 
 

@@ -9,14 +9,25 @@ as the profile's step_overhead_ms, which tfplan adds to every prediction.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import statistics
 from pathlib import Path
 
 from tfplan import profile as profile_mod
 from tfplan.fileio import write_json_atomic, write_text_atomic
 from tfrun.config import TrainConfig
-from tfrun.timing import ActionTime, makespans, medians_by_action, medians_by_stage_kind, p2p_latency_ms
+from tfrun.timing import (
+    ActionTime,
+    action_table,
+    dispatch_ms,
+    makespans,
+    p2p_latency_ms,
+    rank_tails,
+    spread,
+    stats_by_stage_kind,
+)
 
 FREEZE_STATS_VERSION = 1
 
@@ -84,43 +95,63 @@ def planned_stage_means(config: TrainConfig) -> list[float]:
     return [x / k if k else 0.0 for x, k in zip(sums, counts)]
 
 
-def measured_profile(config: TrainConfig, records: list[ActionTime], step_time_ms: float,
-                     name: str, base: profile_mod.Profile | None = None) -> profile_mod.Profile:
+SPREAD_WARN = 0.15  # a (stage, kind) whose (p75 - p25) / median exceeds this makes the profile suspect
+GAP_WARN = 0.10  # so does a replayed step more than this far (relative) from the measured one
+
+
+def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list[ActionTime], step_time_ms: float,
+                     name: str, stage_numel: dict[int, int], base: profile_mod.Profile | None = None
+                     ) -> profile_mod.Profile:
     """A profile from one run: measured medians where the run measured them, else `base` (the plan's).
 
     Unfrozen times come from actions that froze nothing (every action under --freeze none, ratio-0 actions
     of a plan), frozen times from actions that froze everything (--freeze all, ratio-1 actions of a plan);
-    F and I are not affected by freezing. Actions at other ratios inform only the step overhead.
+    F and I are not affected by freezing. Actions at other ratios inform only the step overhead. Per-action
+    dispatch, p2p latency, each rank's tail (split over its stages by parameter count) and the step overhead
+    (Note [step overhead]) come from the run itself, and `quality` says how stable the measurements were.
     """
     ratio = {a: {"plan": config.ratios.get(a, 0.0), "none": 0.0, "all": 1.0}[config.freeze]
              for row in config.order for a in row}
-    unfrozen = medians_by_stage_kind(r for r in records if ratio[r.action] == 0.0)
-    frozen = medians_by_stage_kind(r for r in records if ratio[r.action] == 1.0)
-    rows, measured = [], {}
+    unfrozen = stats_by_stage_kind(r for r in records if ratio[r.action] == 0.0)
+    frozen = stats_by_stage_kind(r for r in records if ratio[r.action] == 1.0)
+    tails = rank_tails(records, spans)
+    rows, measured, spreads = [], {}, {}
     for s in range(config.num_stages):
         b = base.stages[s] if base is not None and base.stages is not None else None
-        row = {f: (getattr(b, f) if b is not None else 0.0) for f in profile_mod.COST_FIELDS}
+        fields = profile_mod.COST_FIELDS + profile_mod.OPTIONAL_COST_FIELDS
+        row = {f: (getattr(b, f) if b is not None else 0.0) for f in fields}
         got = []
         for kind, hi, lo in (("F", "forward_ms", None), ("I", "backward_input_ms", None),
                              ("B", "backward_ms", "backward_frozen_ms"),
                              ("W", "backward_weight_ms", "backward_weight_frozen_ms")):
             if (s, kind) in unfrozen:
-                row[hi] = unfrozen[(s, kind)]
+                row[hi], spreads[f"{s}{kind}"] = unfrozen[(s, kind)]
                 got.append(hi)
             if lo is not None and (s, kind) in frozen:
-                row[lo] = frozen[(s, kind)]
+                row[lo], spreads[f"{s}{kind}-frozen"] = frozen[(s, kind)]
                 got.append(lo)
             elif kind in "FI" and (s, kind) in frozen and (s, kind) not in unfrozen:
-                row[hi] = frozen[(s, kind)]
+                row[hi], spreads[f"{s}{kind}"] = frozen[(s, kind)]
                 got.append(hi)
         for hi, lo in (("backward_ms", "backward_frozen_ms"), ("backward_weight_ms", "backward_weight_frozen_ms")):
             if lo in got and hi not in got and b is None:
                 row[hi] = row[lo]  # keep the file valid (frozen <= unfrozen); source says what was measured
             row[lo] = min(row[lo], row[hi])
+        rank = config.stage_to_rank[s]
+        if rank in tails:
+            on_rank = [t for t, r in enumerate(config.stage_to_rank) if r == rank]
+            total = sum(stage_numel.get(t, 0) for t in on_rank)
+            row["tail_ms"] = tails[rank] * (stage_numel.get(s, 0) / total if total else 1 / len(on_rank))
+            got.append("tail_ms")
         rows.append(profile_mod.StageCost(**row))
         measured[str(s)] = got
-    p2p = p2p_latency_ms(records, config.stage_to_rank)
-    makespan = replay_makespan(config, records, p2p)
+    dispatch = dispatch_ms(records, config.stage_to_rank)
+    p2p = p2p_latency_ms(records, config.stage_to_rank, dispatch)
+    prof = profile_mod.Profile(name=name, source={}, p2p_ms=p2p, dispatch_ms=dispatch, stages=tuple(rows))
+    replay = replay_step(config, records, prof)
+    if math.isnan(replay):  # some action was never timed (too few steps): no replay, no overhead
+        replay = None
+    gap = (step_time_ms - replay) / step_time_ms if replay is not None and step_time_ms > 0 else None
     import torch
 
     source = {
@@ -138,15 +169,40 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], step_time_m
         "measured_fields": measured,
         "other_fields": "from the plan's profile" if base is not None else "0 (not measured by this run)",
         "step_time_ms": step_time_ms,
-        "replayed_makespan_ms": makespan,
+        "replayed_step_ms": replay,
     }
-    return profile_mod.Profile(name=name, source=source, p2p_ms=p2p,
-                               step_overhead_ms=max(0.0, step_time_ms - makespan), stages=tuple(rows))
+    steps = len({r.step for r in records})
+    return dataclasses.replace(prof, source=source, quality=profile_quality(steps, spreads, gap),
+                               step_overhead_ms=max(0.0, step_time_ms - replay) if replay is not None else 0.0)
 
 
-def replay_makespan(config: TrainConfig, records: list[ActionTime], p2p_ms: float) -> float:
-    """Simulated makespan of the run's own schedule with every action at its measured median duration and
-    the measured p2p latency: what the DAG model says this run should take (Note [step overhead])."""
+def profile_quality(steps: int, spreads: dict[str, float], replay_gap: float | None) -> dict:
+    """The profile's quality section, with a warning per unstable measurement (SPREAD_WARN, GAP_WARN)."""
+    warnings = [f"{_describe(key)}: spread {value:.0%} of the median (more than {SPREAD_WARN:.0%})"
+                for key, value in sorted(spreads.items()) if value > SPREAD_WARN]
+    if replay_gap is None:
+        warnings.append("some action was never timed: no replay, no step overhead")
+    elif abs(replay_gap) > GAP_WARN:
+        warnings.append(f"the replayed step is {-replay_gap:+.0%} off the measured one (more than {GAP_WARN:.0%}): "
+                        "time outside the modelled actions and tails (see tfplan explain)")
+    if steps < 8:
+        warnings.append(f"only {steps} timed steps")
+    out = {"steps": steps, "spread": spreads, "max_spread": max(spreads.values(), default=0.0), "warnings": warnings}
+    if replay_gap is not None:
+        out["replay_gap"] = replay_gap
+    return out
+
+
+def _describe(key: str) -> str:
+    """A spread key ("1B", "0W-frozen") in words: "stage 1 B", "stage 0 W frozen"."""
+    base, _, frozen = key.partition("-")
+    return f"stage {base[:-1]} {base[-1]}{' ' + frozen if frozen else ''}"
+
+
+def replay_step(config: TrainConfig, records: list[ActionTime], prof: profile_mod.Profile) -> float:
+    """The step the DAG model predicts for this run (Note [step overhead]): the run's own schedule with every
+    action at its measured median duration plus the dispatch cost, the measured p2p lag, and each rank's
+    tail after its last action; NaN if some action was never timed."""
     from tfplan import dag as dag_mod
     from tfplan import schedules
     from tfplan.actions import parse_action
@@ -154,26 +210,50 @@ def replay_makespan(config: TrainConfig, records: list[ActionTime], p2p_ms: floa
 
     sched = schedules.from_order([[parse_action(a) for a in row] for row in config.order],
                                  name=config.schedule_name, num_microbatches=config.num_microbatches)
-    dag = dag_mod.build(sched, profile_mod.uniform(config.num_stages, p2p_ms=p2p_ms))
-    med = medians_by_action(records)
+    dag = dag_mod.build(sched, profile_mod.uniform(config.num_stages, p2p_ms=prof.p2p_ms))
+    med = {a: row["duration_ms"] for a, row in action_table(records).items()}
     if len(med) < dag.num_nodes:
         return float("nan")
-    return simulate(dag, [med[str(a)] for a in dag.actions]).makespan_ms
+    sim = simulate(dag, [med[str(a)] + prof.dispatch_ms for a in dag.actions])
+    tail = [0.0] * sched.num_ranks
+    for s, cost in enumerate(prof.stages):
+        tail[sched.stage_to_rank[s]] += cost.tail_ms
+    last = {}
+    for v, r in enumerate(dag.rank):
+        last[r] = v  # nodes are listed rank by rank, in order
+    return max(sim.end_ms[last[r]] + tail[r] for r in last)
+
+
+TIMINGS_VERSION = 2
 
 
 def write_outputs(out: Path, config: TrainConfig, summary: dict, records: list[ActionTime],
-                  stats: list[dict]) -> None:
+                  stats: list[dict], spans: list[ActionTime]) -> None:
     """summary.json, timings.json, freeze_stats.json and profile.json (rank 0, atomically)."""
     base = None
     if config.plan_profile is not None:
         base = profile_mod.from_dict(config.plan_profile)
-    prof = measured_profile(config, records, summary["step_time_ms"], name=f"measured-{config.model}", base=base)
+    numel: dict[int, int] = {}
+    for row in stats:
+        numel[row["stage"]] = numel.get(row["stage"], 0) + row.get("numel", 0)
+    prof = measured_profile(config, records, spans, summary["step_time_ms"], name=f"measured-{config.model}",
+                            stage_numel=numel, base=base)
     write_json_atomic(out / "profile.json", prof.to_dict())
+    optimizer: dict[int, list[float]] = {}
+    for sp in spans:
+        optimizer.setdefault(sp.rank, []).append(sp.duration_ms)
+    tails = rank_tails(records, spans)
     write_json_atomic(out / "timings.json", {
-        "by_stage_kind_ms": {f"{s}{k}": v for (s, k), v in sorted(medians_by_stage_kind(records).items())},
-        "by_action_ms": medians_by_action(records),
+        "schema_version": TIMINGS_VERSION,
+        "timed_steps": sorted({r.step for r in records}),
+        "actions": action_table(records),
+        "by_stage_kind_ms": {f"{s}{k}": v[0] for (s, k), v in sorted(stats_by_stage_kind(records).items())},
+        "ranks": [{"rank": r, "optimizer_ms": statistics.median(v), "optimizer_spread": spread(v),
+                   "tail_ms": tails.get(r)} for r, v in sorted(optimizer.items())],
         "makespan_ms": makespans(records),
+        "dispatch_ms": prof.dispatch_ms,
         "p2p_ms": prof.p2p_ms,
+        "replayed_step_ms": prof.source["replayed_step_ms"],
         "step_overhead_ms": prof.step_overhead_ms,
     })
     write_json_atomic(out / "freeze_stats.json", {

@@ -171,10 +171,18 @@ def build_schedule(
     num_microbatches: int,
     loss_fn: Callable,
     rank: int,
+    timer: ActionTimer | None = None,
 ):
     """torch's `_PipelineScheduleRuntime` fed with the plan's per-rank order; refuses a lowered schedule
-    whose compute actions on this rank differ from the plan's."""
+    whose compute actions on this rank differ from the plan's. With a timer, the last stage's loss is timed
+    as part of its F action (ActionTimer.extend_last)."""
     from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+
+    if timer is not None:
+        plain_loss = loss_fn
+
+        def loss_fn(output, target):
+            return timer.extend_last(plain_loss, output, target)
 
     runtime = _PipelineScheduleRuntime(stages, num_microbatches, loss_fn=loss_fn, scale_grads=True)
     actions = {r: [_Action.from_str(a) for a in row] for r, row in enumerate(order)}

@@ -36,7 +36,8 @@ class ActionTime:
 
 
 class ActionTimer:
-    """Collects ActionTimes for the actions this rank runs (only while `enabled`)."""
+    """Collects ActionTimes for the actions this rank runs, and spans of other per-step work (the optimizer),
+    only while `enabled`."""
 
     def __init__(self, rank: int, device: torch.device) -> None:
         self.rank = rank
@@ -44,8 +45,11 @@ class ActionTimer:
         self.enabled = False
         self.step = -1
         self.records: list[ActionTime] = []
+        """Compute actions."""
+        self.spans: list[ActionTime] = []
+        """Other work, named in `action` (e.g. "optimizer": its step and zero_grad)."""
         self._t0 = 0.0
-        self._pending: list[tuple[str, object, object]] = []  # CUDA: (action, start event, end event)
+        self._pending: list[tuple[list, str, object, object]] = []  # CUDA: (target, name, start, end event)
         self._origin = None
 
     def begin_step(self, step: int) -> None:
@@ -60,13 +64,37 @@ class ActionTimer:
         """Resolve CUDA events into ActionTimes (synchronises the device once)."""
         if self.cuda and self._pending:
             torch.cuda.synchronize()
-            for action, start, end in self._pending:
-                self.records.append(ActionTime(self.step, action, self.rank, self._origin.elapsed_time(start),
-                                               self._origin.elapsed_time(end)))
+            for target, name, start, end in self._pending:
+                target.append(ActionTime(self.step, name, self.rank, self._origin.elapsed_time(start),
+                                         self._origin.elapsed_time(end)))
             self._pending.clear()
 
     def time(self, action: str, fn, *args, **kwargs):
-        """Run fn(*args, **kwargs), recording its span as `action` when enabled."""
+        """Run fn(*args, **kwargs), recording its span as compute action `action` when enabled."""
+        return self._timed(self.records, action, fn, *args, **kwargs)
+
+    def span(self, name: str, fn, *args, **kwargs):
+        """Run fn(*args, **kwargs), recording its span under `name` in `spans` when enabled."""
+        return self._timed(self.spans, name, fn, *args, **kwargs)
+
+    def extend_last(self, fn, *args, **kwargs):
+        """Run fn(*args, **kwargs) and count its time in the action recorded last: the runtime computes the
+        last stage's loss right after that stage's forward, outside forward_one_chunk, and the loss belongs to
+        the F action (its time would otherwise fall between actions, where the DAG does not see it)."""
+        out = fn(*args, **kwargs)
+        if not self.enabled:
+            return out
+        if self.cuda and self._pending and self._pending[-1][0] is self.records:
+            target, name, start, _ = self._pending[-1]
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending[-1] = (target, name, start, end)
+        elif not self.cuda and self.records and self.records[-1].step == self.step:
+            r = self.records[-1]
+            self.records[-1] = ActionTime(r.step, r.action, r.rank, r.start_ms, (time.perf_counter() - self._t0) * 1e3)
+        return out
+
+    def _timed(self, target: list, name: str, fn, *args, **kwargs):
         if not self.enabled:
             return fn(*args, **kwargs)
         if self.cuda:
@@ -74,12 +102,12 @@ class ActionTimer:
             start.record()
             out = fn(*args, **kwargs)
             end.record()
-            self._pending.append((action, start, end))
+            self._pending.append((target, name, start, end))
             return out
         t = time.perf_counter()
         out = fn(*args, **kwargs)
-        self.records.append(ActionTime(self.step, action, self.rank, (t - self._t0) * 1e3,
-                                       (time.perf_counter() - self._t0) * 1e3))
+        target.append(ActionTime(self.step, name, self.rank, (t - self._t0) * 1e3,
+                                 (time.perf_counter() - self._t0) * 1e3))
         return out
 
 
@@ -124,35 +152,100 @@ def makespans(records: Iterable[ActionTime]) -> dict[int, float]:
     return {s: hi[s] - lo[s] for s in lo}
 
 
-def p2p_latency_ms(records: Sequence[ActionTime], stage_to_rank: Sequence[int]) -> float:
-    """Median hand-over latency between stages on different ranks, measured where the receiver was idle.
+def spread(values: Sequence[float]) -> float:
+    """Relative spread (p75 - p25) / median of a sample (0 for fewer than 4 values or a zero median).
 
-    For a forward F(s, m) -> F(s+1, m) (and a backward B/I(s+1, m) -> B/I(s, m)) across ranks, if the
-    receiving rank finished its previous action before the sender finished, the receiver's start minus the
-    sender's end is the transfer latency (plus scheduling jitter). Returns 0 when nothing qualifies.
+    >>> spread([1.0, 2.0, 3.0, 4.0, 100.0])
+    0.6666666666666666
     """
-    by_key: dict[tuple[int, str], ActionTime] = {(r.step, r.action): r for r in records}
-    prev_end: dict[tuple[int, str], float] = {}
+    if len(values) < 4:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    med = statistics.median(values)
+    return (q[2] - q[0]) / med if med > 0 else 0.0
+
+
+def stats_by_stage_kind(records: Iterable[ActionTime]) -> dict[tuple[int, str], tuple[float, float]]:
+    """(stage, kind) -> (median duration ms, relative spread) over every micro-batch and step."""
+    groups: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for r in records:
+        stage, kind, _ = parse_action(r.action)
+        groups[(stage, kind)].append(r.duration_ms)
+    return {k: (statistics.median(v), spread(v)) for k, v in groups.items()}
+
+
+def action_table(records: Iterable[ActionTime]) -> dict[str, dict]:
+    """Action -> its rank, median start and duration (ms from the step start), relative spread of the
+    duration and number of samples: what `tfplan explain` lines up with a plan's predictions."""
+    groups: dict[str, list[ActionTime]] = defaultdict(list)
+    for r in records:
+        groups[r.action].append(r)
+    return {a: {"rank": rs[0].rank, "start_ms": statistics.median(r.start_ms for r in rs),
+                "duration_ms": statistics.median(r.duration_ms for r in rs),
+                "spread": spread([r.duration_ms for r in rs]), "n": len(rs)}
+            for a, rs in sorted(groups.items())}
+
+
+def _rank_sequences(records: Iterable[ActionTime]) -> dict[tuple[int, int], list[ActionTime]]:
+    """(step, rank) -> that rank's actions of that step in execution order."""
     per_rank: dict[tuple[int, int], list[ActionTime]] = defaultdict(list)
     for r in records:
         per_rank[(r.step, r.rank)].append(r)
     for items in per_rank.values():
         items.sort(key=lambda r: r.start_ms)
+    return per_rank
+
+
+def _cross_rank_source(action: str, stage_to_rank: Sequence[int]) -> list[str]:
+    """The actions on other ranks whose output `action` waits for (DAG pipeline edges)."""
+    stage, kind, mb = parse_action(action)
+    if kind == "F" and stage > 0:
+        sources = [f"{stage - 1}F{mb}"]
+    elif kind in "BI" and stage < len(stage_to_rank) - 1:
+        sources = [f"{stage + 1}B{mb}", f"{stage + 1}I{mb}"]
+    else:
+        return []
+    return [a for a in sources if stage_to_rank[parse_action(a).stage] != stage_to_rank[stage]]
+
+
+def dispatch_ms(records: Sequence[ActionTime], stage_to_rank: Sequence[int]) -> float:
+    """Median gap between consecutive compute actions of a rank when the second waits for nothing from
+    another rank: the executor's own cost per action (bookkeeping, posting sends and receives). 0 when
+    nothing qualifies."""
+    gaps = [b.start_ms - a.end_ms for items in _rank_sequences(records).values() for a, b in zip(items, items[1:])
+            if not _cross_rank_source(b.action, stage_to_rank)]
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def p2p_latency_ms(records: Sequence[ActionTime], stage_to_rank: Sequence[int], dispatch: float = 0.0) -> float:
+    """Median hand-over latency between stages on different ranks, measured where the receiver was idle.
+
+    For a forward F(s, m) -> F(s+1, m) (and a backward B/I(s+1, m) -> B/I(s, m)) across ranks, if the
+    receiving rank finished its previous action before the sender finished, the receiver's start minus the
+    sender's end is the transfer latency plus the receiver's dispatch cost, which the DAG already counts in
+    the action (`dispatch`, subtracted). Returns 0 when nothing qualifies.
+    """
+    by_key: dict[tuple[int, str], ActionTime] = {(r.step, r.action): r for r in records}
+    prev_end: dict[tuple[int, str], float] = {}
+    for items in _rank_sequences(records).values():
         for a, b in zip(items, items[1:]):
             prev_end[(b.step, b.action)] = a.end_ms
     lags = []
     for r in records:
-        stage, kind, mb = parse_action(r.action)
-        if kind == "F" and stage > 0:
-            sources = [f"{stage - 1}F{mb}"]
-        elif kind in "BI" and stage < len(stage_to_rank) - 1:
-            sources = [f"{stage + 1}B{mb}", f"{stage + 1}I{mb}"]
-        else:
-            continue
-        for src_name in sources:
+        for src_name in _cross_rank_source(r.action, stage_to_rank):
             src = by_key.get((r.step, src_name))
-            if src is None or stage_to_rank[parse_action(src_name).stage] == stage_to_rank[stage]:
-                continue
-            if prev_end.get((r.step, r.action), 0.0) <= src.end_ms:
-                lags.append(max(0.0, r.start_ms - src.end_ms))
-    return statistics.median(lags) if lags else 0.0
+            if src is not None and prev_end.get((r.step, r.action), 0.0) <= src.end_ms:
+                lags.append(r.start_ms - src.end_ms)
+    return max(0.0, statistics.median(lags) - dispatch) if lags else 0.0
+
+
+def rank_tails(records: Iterable[ActionTime], spans: Iterable[ActionTime]) -> dict[int, float]:
+    """Rank -> median over steps of (its optimizer span's end - its last action's end), ms: the rank's tail."""
+    last: dict[tuple[int, int], float] = {}
+    for r in records:
+        last[(r.step, r.rank)] = max(last.get((r.step, r.rank), r.end_ms), r.end_ms)
+    tails: dict[int, list[float]] = defaultdict(list)
+    for sp in spans:
+        if sp.action == "optimizer" and (sp.step, sp.rank) in last:
+            tails[sp.rank].append(max(0.0, sp.end_ms - last[(sp.step, sp.rank)]))
+    return {rank: statistics.median(v) for rank, v in sorted(tails.items())}

@@ -70,7 +70,7 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
                    state=state, method=config.freeze_method)
         for s in local
     ]
-    runtime = build_schedule(config.order, stages, config.num_microbatches, loss_fn, rank)
+    runtime = build_schedule(config.order, stages, config.num_microbatches, loss_fn, rank, timer)
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
 
@@ -111,10 +111,7 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         t0 = time.perf_counter()
         runtime.step(*((x.to(device),) if has_first else ()),
                      **({"target": y.to(device), "losses": losses} if has_last else {}))
-        if config.grad_rescale:
-            _rescale(modules, state, config.num_microbatches)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        timer.span("optimizer", _optimizer_step, optimizer, modules, state, config)
         dist.barrier()
         step_ms = (time.perf_counter() - t0) * 1e3
         timer.end_step()
@@ -136,19 +133,19 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
             checkpoint.save(out, rank, step + 1, modules, optimizer, batches, freezer, metrics)
     progress.close()
 
-    records = gather_records(timer.records)
+    records, spans = gather_records(timer.records), gather_records(timer.spans)
     stats = _gather_stats(freezer)
     if rank != 0:
         return None
     summary = measure.summarize(config, metrics, records, stats)
     (out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
-    measure.write_outputs(out, config, summary, records, stats)
+    measure.write_outputs(out, config, summary, records, stats, spans)
     return summary
 
 
 def _gather_stats(freezer: Freezer) -> list[dict] | None:
     """Every rank's per-tensor update statistics on rank 0 (freeze_stats.json rows), None elsewhere."""
-    rows = [{"stage": s, "name": c.name, "cost": c.cost, **freezer.stats[s].row(i)}
+    rows = [{"stage": s, "name": c.name, "cost": c.cost, "numel": c.numel, **freezer.stats[s].row(i)}
             for s, cands in sorted(freezer.stage_candidates.items()) for i, c in enumerate(cands)]
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(rows, parts, dst=0)
@@ -171,6 +168,14 @@ def _gather_shares(state: StepState, num_stages: int, m: int) -> list[float]:
         for (stage, _), share in part.items():
             per_stage[stage] += share / m
     return per_stage
+
+
+def _optimizer_step(optimizer, modules: dict, state: StepState, config: TrainConfig) -> None:
+    """The step's tail on this rank: --grad-rescale, the optimizer step and zero_grad (timed as "optimizer")."""
+    if config.grad_rescale:
+        _rescale(modules, state, config.num_microbatches)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _rescale(modules: dict, state: StepState, m: int) -> None:
