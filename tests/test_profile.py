@@ -149,6 +149,43 @@ def test_to_dict_from_dict_round_trip() -> None:
     assert prof.step_overhead_ms == 3.0 and isinstance(prof.step_overhead_ms, float)
 
 
+def _valid_v2(n: int = 2) -> dict:
+    obj = _valid(n) | {"schema_version": 2, "dispatch_ms": 0.3}
+    obj["stages"] = [dict(STAGE, tail_ms=1.5) for _ in range(n)]
+    obj["quality"] = {"steps": 18, "spread": {"0F": 0.02, "1B-frozen": 0.3}, "max_spread": 0.3,
+                      "replay_gap": -0.04, "warnings": ["stage 1 B frozen: spread 30% of the median"]}
+    return obj
+
+
+def test_version_2_round_trip_with_dispatch_tails_and_quality() -> None:
+    prof = profile.from_dict(_valid_v2())
+    assert prof.dispatch_ms == 0.3 and prof.stages[0].tail_ms == 1.5 and prof.quality["replay_gap"] == -0.04
+    assert profile.from_dict(json.loads(json.dumps(prof.to_dict()))) == prof
+    assert prof.to_dict()["schema_version"] == 2
+
+
+def test_version_1_still_loads_and_lacks_the_new_fields() -> None:
+    prof = profile.from_dict(_valid(1))
+    assert prof.dispatch_ms == 0.0 and prof.stages[0].tail_ms == 0.0 and prof.quality is None
+    with pytest.raises(TfplanError, match="^dispatch_ms: unknown field"):
+        profile.from_dict(_valid(1) | {"dispatch_ms": 0.1})
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    ("dispatch_ms", -1, "dispatch_ms: must be >= 0"),
+    ("stages[1].tail_ms", "x", "stages[1].tail_ms: must be a number"),
+    ("quality.steps", 1.5, "quality.steps: must be an integer"),
+    ("quality.spread.0F", -0.1, "quality.spread.0F: must be >= 0"),
+    ("quality.replay_gap", float("nan"), "quality.replay_gap: must be a finite number"),
+    ("quality.warnings", ["ok", 3], "quality.warnings: must be a list of strings"),
+    ("quality.colour", "red", "quality.colour: unknown field"),
+])
+def test_version_2_errors_name_the_field(path: str, value, message: str) -> None:
+    with pytest.raises(TfplanError) as info:
+        profile.from_dict(_set(_valid_v2(), path, value))
+    assert str(info.value).startswith(message), str(info.value)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Loading files
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import networkx as nx
 import pytest
@@ -175,6 +176,23 @@ def test_step_overhead_is_added_to_batch_time() -> None:
     assert sim.batch_time_ms == 16.5
     # Bubbles are measured on the DAG alone.
     assert sim.bubble_fraction == pytest.approx(1 / 4)
+
+
+def test_rank_tails_and_dispatch_end_the_step() -> None:
+    # Note [rank tails]: the step ends at max over ranks of (last action's end + tail); the dispatch cost
+    # lengthens every action. 1F1B 2 x 2 with F = 1, B = 2 ends at (M + P - 1)(F + B) = 9 (rank 0's 0B1).
+    sched = schedules.generate("1f1b", 2, 2)
+    plain_dag = dag_mod.build(sched, profile.uniform(2))
+    plain = simulate(plain_dag)
+    assert plain.makespan_ms == plain.actions_end_ms == 9.0
+    last = [max(v for v in range(plain_dag.num_nodes) if plain_dag.rank[v] == r) for r in (0, 1)]
+    assert [plain.end_ms[v] for v in last] == [9.0, 7.0]
+    costs = [replace(plain_dag.stage_costs[0], tail_ms=t) for t in (0.5, 4.0)]
+    sim = simulate(dag_mod.build(sched, Profile(name="t", stages=tuple(costs))))
+    assert sim.actions_end_ms == 9.0 and sim.makespan_ms == 11.0  # rank 1: 7 + 4
+    assert sim.batch_time_ms == 11.0 and [str(plain_dag.actions[v]) for v in sim.critical_path][-1] == "1B1"
+    slow = simulate(dag_mod.build(sched, Profile(name="d", dispatch_ms=0.25, stages=profile.uniform(2).stages)))
+    assert slow.busy_ms == [2 * 1.25 + 2 * 2.25] * 2
 
 
 def test_p2p_lag_adds_to_the_pipeline_fill() -> None:

@@ -184,15 +184,15 @@ def test_determinism() -> None:
 
 def test_precedence_rows_drop_only_redundant_same_stage_edges() -> None:
     dag = dag_mod.build(schedules.generate("zbv", 2, 3), _hetero(4))
-    rows, sinks = lp.precedence_rows(dag)
+    rows, finish = lp.precedence_rows(dag)
     kept = {(u, v) for u, v, _ in rows}
     for u, v, _, kind in dag.edges():
         if kind == "stage":
             continue  # implied by the rank chain on the same rank
         assert (u, v) in kept
-    assert [str(dag.actions[v]) for v in sinks] == sorted(
-        str(dag.actions[v]) for v in range(dag.num_nodes) if all(u != v for u, _, _, _ in dag.edges())
-    )
+    sinks = {v for v in range(dag.num_nodes) if all(u != v for u, _, _, _ in dag.edges())}
+    last = {r: max(v for v in range(dag.num_nodes) if dag.rank[v] == r) for r in range(dag.schedule.num_ranks)}
+    assert sorted(u for u, _ in finish) == sorted(sinks) and sinks <= set(last.values())  # no tails here
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -234,13 +234,14 @@ def _independent_lp(dag: dag_mod.Dag, caps: list[float], target: float | None = 
     rank_of = {a: r for r, rank in enumerate(sched.order) for a in rank}
 
     def bounds(a: Action) -> tuple[float, float]:
-        c = costs[a.stage]
-        return {
+        c, d = costs[a.stage], dag.dispatch_ms  # every action also pays the dispatch cost
+        hi, lo = {
             "F": (c.forward_ms, c.forward_ms),
             "B": (c.backward_ms, c.backward_frozen_ms),
             "I": (c.backward_input_ms, c.backward_input_ms),
             "W": (c.backward_weight_ms, c.backward_weight_frozen_ms),
         }[a.kind]
+        return hi + d, lo + d
 
     # Precedence pairs (u, v, lag) from METHOD.md section 2.
     pairs = []
@@ -294,6 +295,9 @@ def _independent_lp(dag: dag_mod.Dag, caps: list[float], target: float | None = 
     for u in actions:
         if u not in has_succ:
             add(end_terms(u) | {t_col: -1.0}, -bounds(u)[0])  # end(u) <= T
+    for r, rank in enumerate(sched.order):  # end(last action of rank r) + its stages' tails <= T
+        tail = sum(c.tail_ms for s, c in enumerate(costs) if sched.stage_to_rank[s] == r)
+        add(end_terms(rank[-1]) | {t_col: -1.0}, -bounds(rank[-1])[0] - tail)
     groups = [[a for a in free if a.stage == s] for s in range(num_stages)]
     for s, group in enumerate(groups):
         if group:
@@ -377,9 +381,11 @@ def _random_instance(seed: int) -> tuple[dag_mod.Dag, list[float]]:
                 backward_input_ms=t(),
                 backward_weight_ms=w,
                 backward_weight_frozen_ms=w * rng.choice([0.0, rng.uniform(0.0, 0.95)]),
+                tail_ms=rng.choice([0.0, rng.uniform(0.0, 6.0)]),  # Note [rank tails]
             )
         )
-    prof = Profile(name="random", p2p_ms=rng.choice([0.0, 0.3, rng.uniform(0.0, 1.0)]), stages=tuple(stages))
+    prof = Profile(name="random", p2p_ms=rng.choice([0.0, 0.3, rng.uniform(0.0, 1.0)]),
+                   dispatch_ms=rng.choice([0.0, rng.uniform(0.0, 0.5)]), stages=tuple(stages))
     dag = dag_mod.build(sched, prof)
 
     def cap() -> float:

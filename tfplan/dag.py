@@ -57,8 +57,13 @@ class Dag:
     """The per-stage costs the durations came from (after splitting a per-layer profile)."""
     p2p_ms: float = 0.0
     """Lag on pipeline edges between stages on different ranks."""
+    dispatch_ms: float = 0.0
+    """The profile's per-action runtime cost, already included in every d_max and d_min."""
+    tail_ms: tuple[float, ...] = ()
+    """Per rank: work after its last action (its stages' tails: the optimizer); the step ends at the latest
+    rank end plus tail (Note [rank tails])."""
     step_overhead_ms: float = 0.0
-    """Per-step time outside the DAG (from the profile), added to predicted step times."""
+    """Per-step time outside the DAG and the tails (from the profile), added to predicted step times."""
 
     @property
     def num_nodes(self) -> int:
@@ -95,6 +100,29 @@ class Dag:
             if ok:
                 groups[self.actions[v].stage].append(v)
         return groups
+
+    def finish(self) -> list[tuple[int, float]]:
+        """Note [rank tails]: (last node, tail ms) per rank. The step's makespan T satisfies
+        T >= end(last node of rank r) + tail_r for every rank; every sink of the DAG is some rank's last node,
+        so these rows replace "T >= end of every sink" in the simulator and both LP backends. A rank whose
+        last node has successors and no tail is left out (its row is implied; leaving it out keeps the LP
+        of a tail-free profile exactly as it was).
+
+        >>> from tfplan import profile, schedules
+        >>> sched = schedules.generate("1f1b", 2, 2)
+        >>> dag = build(sched, profile.uniform(2))
+        >>> [(str(dag.actions[v]), tail) for v, tail in dag.finish()]
+        [('0B1', 0.0)]
+        >>> dag = build(sched, profile.uniform(2, tail_ms=0.5))
+        >>> [(str(dag.actions[v]), tail) for v, tail in dag.finish()]
+        [('0B1', 0.5), ('1B1', 0.5)]
+        """
+        last: dict[int, int] = {}
+        for v, r in enumerate(self.rank):
+            last[r] = v  # nodes are numbered rank by rank in execution order
+        tails = self.tail_ms or (0.0,) * self.schedule.num_ranks
+        has_succ = {u for slot in self.preds for u in slot if u >= 0}
+        return [(last[r], tails[r]) for r in sorted(last) if tails[r] > 0 or last[r] not in has_succ]
 
     def edges(self) -> list[tuple[int, int, float, str]]:
         """Every edge as (u, v, lag_ms, kind); a pair linked by two kinds appears once per kind."""
@@ -153,8 +181,13 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
             pipe_lag[i] = p2p
 
     d_max, d_min = [0.0] * n, [0.0] * n
+    dispatch = profile.dispatch_ms
     for i, a in enumerate(actions):
-        d_max[i], d_min[i] = _costs(costs[a.stage], a.kind)
+        hi, lo = _costs(costs[a.stage], a.kind)
+        d_max[i], d_min[i] = hi + dispatch, lo + dispatch
+    tails = [0.0] * schedule.num_ranks
+    for s, cost in enumerate(costs):
+        tails[on_rank[s]] += cost.tail_ms
     preds = (prev_rank, pipe, same)
     dag = Dag(
         schedule=schedule,
@@ -168,6 +201,8 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
         topo=[],
         stage_costs=tuple(costs),
         p2p_ms=p2p,
+        dispatch_ms=dispatch,
+        tail_ms=tuple(tails),
         step_overhead_ms=profile.step_overhead_ms,
     )
     dag.topo = _topological_order(dag)

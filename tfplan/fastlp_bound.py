@@ -126,6 +126,8 @@ class Windows:
             head[v] = s
             end[v] = s + d_min[v]
         after = [0.0] * (n + 1)  # longest path from an action's end to the end; after[-1] is scratch
+        for u, tail in zip(g.sinks.tolist(), g.sink_tail.tolist()):
+            after[u] = tail  # its rank's tail follows the rank's last action
         tail = [0.0] * n
         for v in reversed(topo):
             t = d_min[v] + after[v]
@@ -155,7 +157,8 @@ def safe_lower_bound(g: GraphArrays, phase: Phase, dual: FullDual, windows: Wind
     out_y = np.bincount(g.row_u, weights=y, minlength=n)
     kap = np.zeros(n)
     kap[g.sinks] = kappa
-    bound = float((g.d_max[g.row_u] + g.row_lag) @ y + g.d_max[g.sinks] @ kappa - (phase.caps * size) @ lam)
+    bound = float((g.d_max[g.row_u] + g.row_lag) @ y + (g.d_max[g.sinks] + g.sink_tail) @ kappa
+                  - (phase.caps * size) @ lam)
     # t_v (cost 0) and T (cost 1 in phase 1): each at the end of its range that minimises (c - A'y) x.
     at_t = np.bincount(g.row_v, weights=y, minlength=n) - out_y - kap
     reduced_T = float(phase.number == 1) - float(kappa.sum())

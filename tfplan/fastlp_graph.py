@@ -54,7 +54,10 @@ class GraphArrays:
     row_lag: np.ndarray
     """(E,) float: lag of each precedence row (ms)."""
     sinks: np.ndarray
-    """Sorted node ids without successors (rows T >= t_u + d_u)."""
+    """Sorted node ids of each rank's last action (rows T >= t_u + d_u + tail; tfplan.dag Note [rank tails]);
+    every node without successors is among them."""
+    sink_tail: np.ndarray
+    """(K,) float: the tail after each of `sinks` (its rank's tail, ms)."""
     topo: np.ndarray
     """(n,) int: a topological order of the nodes (the Dag's)."""
 
@@ -72,11 +75,15 @@ class GraphArrays:
         d_min = np.asarray(dag.d_min, dtype=np.float64)
         frz = np.fromiter(dag.freeze_mask(), bool, n)
         delta = np.where(frz, d_max - d_min, 0.0)
-        row_u, row_v, row_lag, sinks = _rows(n, rank, preds, lags)
+        row_u, row_v, row_lag, _ = _rows(n, rank, preds, lags)
+        finish = sorted(dag.finish()) if n else []
+        sinks = np.fromiter((u for u, _ in finish), np.int64, len(finish))
+        sink_tail = np.fromiter((t for _, t in finish), np.float64, len(finish))
         return cls(
             n=n, cls=stage * 4 + kind, mb=mb, stage=stage, rank=rank, pos=_positions(preds[0]),
             preds=preds, lags=lags, d_max=d_max, delta=delta, frz=frz,
-            row_u=row_u, row_v=row_v, row_lag=row_lag, sinks=sinks, topo=np.fromiter(dag.topo, np.int64, n),
+            row_u=row_u, row_v=row_v, row_lag=row_lag, sinks=sinks, sink_tail=sink_tail,
+            topo=np.fromiter(dag.topo, np.int64, n),
         )
 
 

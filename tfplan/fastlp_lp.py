@@ -157,7 +157,7 @@ def tied_primal(c: Compressed, phase: Phase) -> SparseLP:
     t_terms(rows, u, -1.0)
     r_terms(rows, u)
     lo = [g.d_max[u] + lag]
-    # Sink rows T >= t_u + d_u.
+    # Finish rows T >= t_u + d_u + tail (tfplan.dag Note [rank tails]).
     sk = g.sinks
     rows = block("sink", m, len(sk))
     ri.append(rows)
@@ -165,7 +165,7 @@ def tied_primal(c: Compressed, phase: Phase) -> SparseLP:
     val.append(np.ones(len(sk)))
     t_terms(rows, sk, -1.0)
     r_terms(rows, sk)
-    lo.append(g.d_max[sk])
+    lo.append(g.d_max[sk] + g.sink_tail)
     nrow = m + len(sk)
     hi = [np.full(nrow, INF)]
     # Caps: sum over the stage's ratio columns, each weighted by the nodes it stands for.
@@ -316,7 +316,7 @@ def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
     grp_rhs = np.zeros(c.num_groups)
     grp_rhs[c.row_group] = g.d_max[g.row_u] + g.row_lag
     obj[col["y"]] = grp_rhs * c.group_size
-    obj[col["kappa"]] = g.d_max[sk]
+    obj[col["kappa"]] = g.d_max[sk] + g.sink_tail
     obj[col["lambda"]] = -phase.caps[c.stages] * c.stage_size[c.stages]
     obj[col["beta"]] = -c.weight
     obj[col["theta"]] = -phase.t_ub

@@ -315,21 +315,20 @@ def total_bound(best_total: float) -> float:
     return best_total * (1 + REL_TOL) + REL_TOL
 
 
-def precedence_rows(dag: Dag) -> tuple[list[tuple[int, int, float]], list[int]]:
-    """Rows of the LP: (u, v, lag) per non-redundant edge (Note [redundant rows]) and the sink nodes."""
+def precedence_rows(dag: Dag) -> tuple[list[tuple[int, int, float]], list[tuple[int, float]]]:
+    """Rows of the LP: (u, v, lag) per non-redundant edge (Note [redundant rows]) and the finish rows
+    (node, tail): T >= t_u + d_u + tail for each rank's last action (tfplan.dag Note [rank tails])."""
     pair_lag: dict[tuple[int, int], float] = {}
-    has_succ = [False] * dag.num_nodes
     for k, (slot, lags) in enumerate(zip(dag.preds, dag.lags)):
         for v, u in enumerate(slot):
             if u < 0:
                 continue
-            has_succ[u] = True
             if k == 2 and lags[v] == 0.0 and dag.rank[u] == dag.rank[v]:
                 continue  # implied by the rank chain
             key = (u, v)
             pair_lag[key] = max(lags[v], pair_lag.get(key, lags[v]))
     rows = [(u, v, lag) for (u, v), lag in pair_lag.items()]
-    return rows, [v for v in range(dag.num_nodes) if not has_succ[v]]
+    return rows, dag.finish()
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -162,6 +162,7 @@ def to_dict(plan: Plan) -> dict[str, Any]:
             "name": plan.profile_name,
             "hash": plan.profile_hash,
             "p2p_ms": dag.p2p_ms,
+            "dispatch_ms": dag.dispatch_ms,
             "step_overhead_ms": dag.step_overhead_ms,
             "stages": [c.to_dict() for c in dag.stage_costs],
         },
@@ -244,6 +245,7 @@ def from_dict(obj: Any) -> Plan:
             "schema_version": profile_mod.SCHEMA_VERSION,
             "name": _require(prof_obj, "name", str, "profile."),
             "p2p_ms": prof_obj.get("p2p_ms", 0.0),
+            "dispatch_ms": prof_obj.get("dispatch_ms", 0.0),
             "step_overhead_ms": prof_obj.get("step_overhead_ms", 0.0),
             "stages": stages,
         }

@@ -27,7 +27,9 @@ class Simulation:
     end_ms: list[float]
     """End of each node."""
     makespan_ms: float
-    """End of the last action: the DAG's step time."""
+    """The DAG's step time: the latest rank end plus that rank's tail (tfplan.dag Note [rank tails])."""
+    actions_end_ms: float
+    """End of the last action (= makespan_ms when every tail is 0)."""
     step_overhead_ms: float
     """Time per step outside the DAG (profile's step_overhead_ms)."""
     busy_ms: list[float]
@@ -79,7 +81,9 @@ def simulate(dag: Dag, durations: Sequence[float] | None = None) -> Simulation:
         start[v] = s
         end[v] = s + dur[v]
     end.pop()
-    makespan = max(end) if n else 0.0
+    finish = dag.finish() if n else []
+    actions_end = max(end) if n else 0.0
+    makespan = max([actions_end] + [end[u] + tail for u, tail in finish])
     busy = [0.0] * dag.schedule.num_ranks
     for r, d in zip(dag.rank, dur):
         busy[r] += d
@@ -87,17 +91,19 @@ def simulate(dag: Dag, durations: Sequence[float] | None = None) -> Simulation:
         start_ms=start,
         end_ms=end,
         makespan_ms=makespan,
+        actions_end_ms=actions_end,
         step_overhead_ms=dag.step_overhead_ms,
         busy_ms=busy,
-        critical_path=_critical_path(dag, start, end),
+        critical_path=_critical_path(dag, start, end, finish),
     )
 
 
-def _critical_path(dag: Dag, start: list[float], end: list[float]) -> list[int]:
-    """Walk back from the last-ending node along predecessors whose end + lag equals the start."""
+def _critical_path(dag: Dag, start: list[float], end: list[float], finish: list[tuple[int, float]]) -> list[int]:
+    """Walk back from the node that finishes the step (its end plus its rank's tail is the makespan) along
+    predecessors whose end + lag equals the start."""
     if not end:
         return []
-    v = end.index(max(end))
+    v = max(finish, key=lambda f: (end[f[0]] + f[1], -f[0]))[0]
     path = [v]
     while True:
         for slot, lags in zip(dag.preds, dag.lags):

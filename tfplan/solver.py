@@ -70,11 +70,11 @@ class _GlopModel:
             r = self.r.get(u)
             return [] if r is None else [(r, dag.d_max[u] - dag.d_min[u])]
 
-        rows, sinks = precedence_rows(dag)
+        rows, finish = precedence_rows(dag)
         for u, v, lag in rows:
             add_row(dag.d_max[u] + lag, [(self.t[v], 1.0), (self.t[u], -1.0), *end_terms(u)])
-        for u in sinks:
-            add_row(dag.d_max[u], [(self.T, 1.0), (self.t[u], -1.0), *end_terms(u)])
+        for u, tail in finish:
+            add_row(dag.d_max[u] + tail, [(self.T, 1.0), (self.t[u], -1.0), *end_terms(u)])
         for group, cap in zip(self.groups, caps):
             if group:
                 add_row(-inf, [(self.r[v], 1.0) for v in group], cap * len(group))
