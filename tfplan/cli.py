@@ -7,21 +7,18 @@ Examples:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
-from collections.abc import Iterator
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.text import Text
 
 from tfplan import schedules
 from tfplan import simulate as simulate_mod
-from tfplan.cli_options import (
+from tfplan.cli_options import (  # noqa: F401 - out and user_errors are also tfrun's
     Backend,
     CapsOpt,
     JsonOpt,
@@ -35,15 +32,17 @@ from tfplan.cli_options import (
     StagesPerRankOpt,
     TimeLimitOpt,
     job_spec,
+    out,
     parse_caps,
     parse_int_list,
     split_list,
+    user_errors,
 )
+from tfplan.cli_run import explain_cmd, profile_cmd
 from tfplan.errors import TfplanError
 from tfplan.fileio import write_json_atomic, write_text_atomic
 from tfplan.job import build
 from tfplan.lp import DEFAULT_TIME_LIMIT_S, check_time_limit
-from tfplan.measured import measure_profile
 from tfplan.render import (
     gantt_panels,
     grid_table,
@@ -65,24 +64,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-def out() -> Console:
-    return Console(highlight=False, soft_wrap=False)
-
-
-@contextlib.contextmanager
-def user_errors(*extra: type[Exception]) -> Iterator[None]:
-    """Turn the package's own errors (and `extra` user-error classes) into one red line on stderr, exit 1."""
-    try:
-        yield
-    except (TfplanError, *extra) as exc:
-        first, _, rest = str(exc).partition("\n")
-        err = Console(stderr=True, highlight=False, soft_wrap=True)
-        err.print(Text.assemble(("error:", "bold red"), " ", first))  # Text: brackets in messages are literal
-        if rest:
-            err.print(rest, markup=False)
-        raise typer.Exit(1) from None
 
 
 @app.callback()
@@ -350,94 +331,8 @@ def whatif_cmd(
                 console.print(f"{what} written to {path}")
 
 
-@app.command("profile")
-def profile_cmd(
-    output: Annotated[str, typer.Option("--output", "-o", help="Profile JSON to write.")],
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model", help="Model: llama3.2-1b/3b, llama3.1-8b/70b (analytic); tiny (default), small, ... (measured)."
-        ),
-    ] = None,
-    stages: Annotated[
-        int, typer.Option("--stages", help="Pipeline stages, one per rank (the paper's sense).", min=1)
-    ] = 2,
-    stages_per_rank: Annotated[
-        int,
-        typer.Option("--stages-per-rank", help="Model chunks per rank V; the profile holds stages x V chunks.", min=1),
-    ] = 1,
-    analytic: Annotated[
-        bool, typer.Option("--analytic", help="Cost model (no GPU needed) instead of measuring.")
-    ] = False,
-    gpu: Annotated[str, typer.Option("--gpu", help="Analytic: a100, h100, h200.")] = "h200",
-    microbatch_size: Annotated[int, typer.Option("--microbatch-size", help="Sequences per micro-batch.", min=1)] = 4,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.", min=1)] = 128,
-    mfu: Annotated[float | None, typer.Option("--mfu", help="Analytic: achieved fraction of peak bf16 FLOP/s.")] = None,
-    link: Annotated[str, typer.Option("--link", help="Analytic: nvlink, pcie or ib between ranks.")] = "nvlink",
-    layers_per_stage: LayersPerStageOpt = None,
-    per_layer: Annotated[
-        bool,
-        typer.Option("--per-layer", help="Analytic: write the per-layer profile (split into stages at planning time)."),
-    ] = False,
-    microbatches: Annotated[
-        int, typer.Option("--microbatches", "-m", help="Measured: micro-batches per step.", min=1)
-    ] = 8,
-    schedule: Annotated[str, typer.Option("--schedule", help="Measured: full-backward schedule to time.")] = "1f1b",
-    steps: Annotated[int, typer.Option("--steps", help="Measured: steps per measuring run.", min=3)] = 8,
-    as_json: JsonOpt = False,
-) -> None:
-    """Make a profile: measured inside the pipeline by tfrun (needs torch), or --analytic from a cost model.
-
-    Examples:
-      tfplan profile --model tiny --stages 2 --microbatches 8 --output profile.json
-      tfplan profile --analytic --model llama3-8b --gpu h200 --stages 4 --microbatch-size 1 --seq-len 2048 -o p.json
-    """
-    from tfplan import profile as profile_mod
-
-    with user_errors():
-        if analytic:
-            from tfplan import costmodel, hardware
-
-            if model is None:
-                raise TfplanError(f"--analytic needs --model; known: {', '.join(hardware.MODELS)}")
-            kwargs = {"mfu": mfu} if mfu is not None else {}
-            prof = costmodel.analytic_profile(model, gpu, microbatch_size, seq_len, link=link, **kwargs)
-            if not per_layer:
-                prof = profile_mod.split_profile(
-                    prof, stages * stages_per_rank, parse_int_list(layers_per_stage, "--layers-per-stage")
-                )
-            write_json_atomic(output, prof.to_dict())
-        else:
-            prof = measure_profile(
-                output,
-                model or "tiny",
-                stages,
-                stages_per_rank,
-                microbatches,
-                schedule,
-                steps,
-                microbatch_size,
-                seq_len,
-            )
-        if as_json:
-            print(json.dumps(prof.to_dict()))
-            return
-        from rich.table import Table
-
-        rows = prof.stages if prof.stages is not None else prof.layers
-        table = Table(
-            title=f"profile {prof.name} ({prof.source.get('kind')}), p2p {prof.p2p_ms:.4g} ms, "
-            f"overhead {prof.step_overhead_ms:.4g} ms",
-            title_justify="left",
-            show_edge=False,
-        )
-        for col in ("stage" if prof.stages is not None else "layer", "F", "B", "B frozen", "I", "W", "W frozen"):
-            table.add_column(col, justify="right")
-        for i, c in enumerate(rows):
-            table.add_row(c.name or str(i), *(f"{getattr(c, f):.3f}" for f in profile_mod.COST_FIELDS))
-        console = out()
-        console.print(table)
-        console.print(f"profile written to {output} (times in ms per micro-batch)")
+app.command("profile")(profile_cmd)
+app.command("explain")(explain_cmd)
 
 
 def main() -> None:

@@ -1,14 +1,17 @@
-"""The options the planning commands share (typer Annotated types) and the parsers of their values.
-
-A parse error is the user's: TfplanError, which tfplan.cli.user_errors turns into one line and exit code 1.
+"""What the commands share: options (typer Annotated types), the parsers of their values, the output console
+and `user_errors`, which turns a user's mistake (TfplanError) into one red line and exit code 1.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.text import Text
 
 from tfplan.errors import TfplanError
 from tfplan.job import AUTO_FASTLP_ACTIONS, BACKENDS, JobSpec
@@ -98,3 +101,22 @@ def split_list(text: str, option: str, kind: type) -> list:
     if not values:
         raise TfplanError(f"{option}: empty list")
     return values
+
+
+def out() -> Console:
+    """The console commands render to (stdout)."""
+    return Console(highlight=False, soft_wrap=False)
+
+
+@contextlib.contextmanager
+def user_errors(*extra: type[Exception]) -> Iterator[None]:
+    """Turn the package's own errors (and `extra` user-error classes) into one red line on stderr, exit 1."""
+    try:
+        yield
+    except (TfplanError, *extra) as exc:
+        first, _, rest = str(exc).partition("\n")
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        err.print(Text.assemble(("error:", "bold red"), " ", first))  # Text: brackets in messages are literal
+        if rest:
+            err.print(rest, markup=False)
+        raise typer.Exit(1) from None

@@ -7,8 +7,10 @@ import sys
 from tfplan.errors import TfplanError
 
 
-def measure_profile(output, model, stages, stages_per_rank, microbatches, schedule, steps, microbatch_size, seq_len):
-    """Run tfrun's measuring job in a subprocess (tfplan itself never imports torch)."""
+def measure_profile(output, model, stages, stages_per_rank, microbatches, schedule, steps, microbatch_size, seq_len,
+                    repeat=1):
+    """Run tfrun's measuring job in a subprocess (tfplan itself never imports torch); stages_per_rank None
+    takes the schedule's default."""
     import importlib.util
     import subprocess
 
@@ -19,30 +21,12 @@ def measure_profile(output, model, stages, stages_per_rank, microbatches, schedu
             "measuring a profile runs the tfrun executor, which needs torch: "
             "pip install 'timelyfreeze[run]' (or use --analytic for a cost-model profile)"
         )
-    cmd = [
-        sys.executable,
-        "-m",
-        "tfrun",
-        "profile",
-        "--model",
-        model,
-        "--stages",
-        str(stages),
-        "--stages-per-rank",
-        str(stages_per_rank),
-        "--microbatches",
-        str(microbatches),
-        "--schedule",
-        schedule,
-        "--steps",
-        str(steps),
-        "--microbatch-size",
-        str(microbatch_size),
-        "--seq-len",
-        str(seq_len),
-        "--output",
-        output,
-    ]
+    cmd = [sys.executable, "-m", "tfrun", "profile", "--model", model, "--stages", str(stages),
+           "--microbatches", str(microbatches), "--schedule", schedule, "--steps", str(steps),
+           "--microbatch-size", str(microbatch_size), "--seq-len", str(seq_len), "--repeat", str(repeat),
+           "--output", output]
+    if stages_per_rank is not None:
+        cmd += ["--stages-per-rank", str(stages_per_rank)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

@@ -39,7 +39,8 @@ def train_config(*, plan_path: str, global_batch: int | None, microbatch_size: i
     ratios = {str(a): r for a, r in zip(dag.actions, plan.ratios) if r > 0}
     predicted = plan.predicted.planned_ms if freeze == "plan" else plan.predicted.no_freeze_ms
     base = profile_mod.Profile(name=plan.profile_name, source={"kind": "plan"}, p2p_ms=dag.p2p_ms,
-                               step_overhead_ms=dag.step_overhead_ms, stages=dag.stage_costs)
+                               dispatch_ms=dag.dispatch_ms, step_overhead_ms=dag.step_overhead_ms,
+                               stages=dag.stage_costs)
     config = TrainConfig(
         order=[[str(a) for a in row] for row in sched.order],
         num_stages=sched.num_stages,

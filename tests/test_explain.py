@@ -1,0 +1,130 @@
+"""`tfplan explain` on synthetic runs: a run directory written from a plan's own simulation with known
+perturbations, so every residual and every part of the step's error is known in advance."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tfplan import dag as dag_mod
+from tfplan import explain, plan, schedules, solver
+from tfplan.cli import app
+from tfplan.errors import TfplanError
+from tfplan.profile import Profile
+from tfplan.simulate import simulate
+
+TAILS = (0.5, 2.0)
+DISPATCH, OVERHEAD, HEAD = 0.1, 1.0, 0.7
+
+
+def _plan(tmp_path: Path) -> tuple[Path, plan.Plan]:
+    from tfplan import profile
+
+    base = profile.uniform(2, forward_ms=3.0, backward_ms=6.0, backward_frozen_ms=3.0)
+    prof = Profile(name="synthetic", p2p_ms=0.2, dispatch_ms=DISPATCH, step_overhead_ms=OVERHEAD,
+                   stages=tuple(replace(c, tail_ms=t) for c, t in zip(base.stages, TAILS)))
+    dag = dag_mod.build(schedules.generate("1f1b", 2, 4), prof)
+    p = plan.make_plan(dag, solver.solve(dag, 0.5), [0.5, 0.5], prof)
+    path = tmp_path / "plan.json"
+    plan.write(p, path)
+    return path, plan.load(path)
+
+
+def _run(tmp_path: Path, plan_path: Path, p: plan.Plan, slower: dict[str, float], waits: float = 0.0,
+         tails: tuple[float, float] = TAILS, rest: float = 0.0) -> Path:
+    """A run directory whose actions took the plan's durations plus `slower` (ms), whose hand-overs between
+    ranks took `waits` ms longer than the plan's p2p lag, with the given tails and `rest` ms more outside."""
+    dag = p.dag
+    planned = dag.durations(list(p.ratios))
+    dur = [d + slower.get(str(a), 0.0) for a, d in zip(dag.actions, planned)]
+    prof = Profile(name="run", p2p_ms=dag.p2p_ms + waits, dispatch_ms=DISPATCH, stages=dag.stage_costs)
+    sim = simulate(dag_mod.build(p.schedule, prof), dur)
+    start = list(sim.start_ms)
+    end = [s + d for s, d in zip(start, dur)]
+    run = tmp_path / "run"
+    run.mkdir()
+    order = [[str(a) for a in row] for row in p.schedule.order]
+    (run / "run_config.json").write_text(json.dumps({"order": order, "plan_path": str(plan_path), "freeze": "plan"}))
+    actions = {str(a): {"rank": dag.rank[v], "start_ms": HEAD + start[v] + DISPATCH,
+                        "duration_ms": dur[v] - DISPATCH, "spread": 0.0, "n": 5} for v, a in enumerate(dag.actions)}
+    makespan = max(end) - (min(start) + DISPATCH)  # tfrun measures from the first compute start
+    last = [max(end[v] for v in range(dag.num_nodes) if dag.rank[v] == r) for r in (0, 1)]
+    finish = max(e + t for e, t in zip(last, tails))
+    (run / "timings.json").write_text(json.dumps({
+        "schema_version": 2, "actions": actions, "makespan_ms": {"3": makespan, "4": makespan},
+        "ranks": [{"rank": r, "optimizer_ms": tails[r], "tail_ms": tails[r]} for r in (0, 1)],
+    }))
+    (run / "summary.json").write_text(json.dumps({"step_time_ms": finish + OVERHEAD + rest}))
+    return run
+
+
+def test_a_run_that_matches_its_plan_has_no_residuals(tmp_path):
+    plan_path, p = _plan(tmp_path)
+    ex = explain.explain(_run(tmp_path, plan_path, p, {}), None)
+    assert ex.measured_step_ms == pytest.approx(ex.predicted_step_ms)
+    assert all(a.residual_ms == pytest.approx(0.0, abs=1e-9) for a in ex.actions)
+    assert all(v == pytest.approx(0.0, abs=1e-9) for v in ex.error_parts.values())
+    assert ex.measured_path == ex.predicted_path
+    assert [a.measured_start_ms for a in ex.actions] == pytest.approx([a.predicted_start_ms for a in ex.actions])
+
+
+def test_the_error_splits_into_actions_waits_tails_and_rest(tmp_path):
+    plan_path, p = _plan(tmp_path)
+    critical = p.dag.actions[simulate(p.dag, p.dag.durations(list(p.ratios))).critical_path[-1]]
+    run = _run(tmp_path, plan_path, p, {str(critical): 2.0, "0F0": 0.5}, waits=1.5, tails=(0.5, 9.0), rest=0.25)
+    ex = explain.explain(run, None)
+    total = ex.measured_step_ms - ex.predicted_step_ms
+    assert sum(ex.error_parts.values()) == pytest.approx(total)
+    assert ex.error_parts["rest"] == pytest.approx(0.25)
+    dur = [d + {str(critical): 2.0, "0F0": 0.5}.get(str(a), 0.0)
+           for a, d in zip(p.dag.actions, p.dag.durations(list(p.ratios)))]
+    slow_lag = Profile(name="l", p2p_ms=p.dag.p2p_ms + 1.5, dispatch_ms=DISPATCH, stages=p.dag.stage_costs)
+    waited = simulate(dag_mod.build(p.schedule, slow_lag), dur).actions_end_ms - simulate(p.dag, dur).actions_end_ms
+    assert waited > 0 and ex.error_parts["waits"] == pytest.approx(waited)
+    assert ex.error_parts["actions"] >= 2.0 - 1e-9  # the critical action's 2 ms, and 0F0's if it is on the path
+    by_key = {key: residual for key, _, _, _, residual in ex.by_stage_kind()}
+    assert by_key[f"{critical.stage}{critical.kind}"] == pytest.approx(2.0)
+    assert by_key["0F"] == pytest.approx(0.5)
+    assert ex.largest(1)[0].action == str(critical)
+    assert ex.parts["tails"][1] > ex.parts["tails"][0]  # rank 1's longer tail now ends the step
+
+
+def test_json_and_trace_from_the_command_line(tmp_path):
+    plan_path, p = _plan(tmp_path)
+    run = _run(tmp_path, plan_path, p, {"1B2": 1.0})
+    trace = tmp_path / "trace.json"
+    result = CliRunner().invoke(app, ["explain", str(run), "--json", "--trace", str(trace)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["largest"][0]["action"] == "1B2" and data["error"] == pytest.approx(
+        (data["measured_step_ms"] - data["predicted_step_ms"]) / data["predicted_step_ms"])
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}
+    assert len([e for e in events if e["ph"] == "X"]) == 2 * p.dag.num_nodes
+    human = CliRunner().invoke(app, ["explain", str(run)])
+    assert human.exit_code == 0 and "largest residuals" in human.output and "measured timeline" in human.output
+
+
+def test_bad_run_directories_are_one_line_errors(tmp_path):
+    plan_path, p = _plan(tmp_path)
+    with pytest.raises(TfplanError, match="run_config.json not found"):
+        explain.explain(tmp_path / "nowhere", None)
+    run = _run(tmp_path, plan_path, p, {})
+    other = tmp_path / "other.json"
+    d = dag_mod.build(schedules.generate("gpipe", 2, 4), Profile(name="x", stages=p.dag.stage_costs))
+    plan.write(plan.make_plan(d, solver.solve(d, 0.5), [0.5, 0.5], Profile(name="x", stages=p.dag.stage_costs)),
+               other)
+    with pytest.raises(TfplanError, match="another schedule"):
+        explain.explain(run, other)
+    timings = json.loads((run / "timings.json").read_text())
+    del timings["actions"]["1B3"]
+    (run / "timings.json").write_text(json.dumps(timings))
+    with pytest.raises(TfplanError, match="no timing for 1 actions"):
+        explain.explain(run, None)
+    (run / "timings.json").write_text(json.dumps({"by_action_ms": {}}))
+    result = CliRunner().invoke(app, ["explain", str(run)])
+    assert result.exit_code == 1 and "older tfrun" in result.output
