@@ -1,0 +1,114 @@
+"""Does the plan's prediction hold on every schedule? The closed loop, measured (issue 10).
+
+For each schedule: `tfplan profile --schedule S` (measured inside the pipeline, the schedule itself and its
+counterpart of the other backward style), `tfplan solve` at cap 0.9, then `tfrun train --plan` with the plan
+and with `--freeze none`, alternately; the predicted step against the measured median step, repeated.
+Also (--stability) how a profile's medians move with the number of profiling steps.
+
+    python benchmarks/prediction_accuracy.py                     # 6 schedules x 3 rounds, about 40 minutes
+    python benchmarks/prediction_accuracy.py --schedules 1f1b,gpipe --rounds 1
+    python benchmarks/prediction_accuracy.py --stability         # profile steps 6 / 10 / 20 / 40, 3 each
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MODEL, RANKS, M, MB_SIZE, SEQ, CAP, STEPS = "tiny", 2, 8, 4, 128, 0.9, 30
+SCHEDULES = {  # name -> stages per rank
+    "gpipe": 1, "1f1b": 1, "interleaved-1f1b": 2, "interleaved-zb": 2, "zbv": 2, "dualpipev": 2,
+}
+
+
+def _run(cmd: list[str]) -> str:
+    proc = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def profile(root: Path, schedule: str, v: int, steps: int, tag: str) -> Path:
+    out = root / f"profile-{schedule}-{tag}.json"
+    _run(["tfplan", "profile", "--model", MODEL, "--stages", str(RANKS), "--stages-per-rank", str(v),
+          "--microbatches", str(M), "--schedule", schedule, "--steps", str(steps), "--microbatch-size",
+          str(MB_SIZE), "--seq-len", str(SEQ), "-o", str(out), "--json"])
+    return out
+
+
+def train(root: Path, plan: Path, freeze: str, tag: str) -> dict:
+    out = root / f"{plan.stem}-{freeze}-{tag}"
+    _run(["tfrun", "train", "--plan", str(plan), "--freeze", freeze, "--steps", str(STEPS), "--out", str(out),
+          "--quiet", "--microbatch-size", str(MB_SIZE), "--seq-len", str(SEQ)])
+    return json.loads((out / "summary.json").read_text()) | {"dir": str(out)}
+
+
+def closed_loop(root: Path, schedules: list[str], rounds: int) -> None:
+    print(f"closed loop, tiny model, {RANKS} gloo ranks, M = {M}, {MB_SIZE} x {SEQ} tokens, cap {CAP}, "
+          f"{STEPS} training steps per run; load average {os.getloadavg()[0]:.2f}")
+    print(f"{'schedule':18s} {'round':>5s} {'pred none':>9s} {'meas none':>9s} {'err':>7s} {'pred plan':>9s} "
+          f"{'meas plan':>9s} {'err':>7s} {'speedup':>7s} {'pred':>6s}  profile quality")
+    table: dict[str, list[float]] = {}
+    for k in range(rounds):
+        for name in schedules:
+            v = SCHEDULES[name]
+            prof = profile(root, name, v, 20, f"r{k}")
+            plan = root / f"plan-{name}-r{k}.json"
+            _run(["tfplan", "solve", "-p", str(prof), "-s", name, "--stages-per-rank", str(v), "-m", str(M),
+                  "-c", str(CAP), "-o", str(plan), "--json"])
+            none = train(root, plan, "none", f"r{k}")
+            frozen = train(root, plan, "plan", f"r{k}")
+            q = json.loads(prof.read_text()).get("quality", {})
+            speed, pred = none["step_time_ms"] / frozen["step_time_ms"], none["predicted_step_ms"] / frozen[
+                "predicted_step_ms"]
+            print(f"{name:18s} {k:5d} {none['predicted_step_ms']:9.1f} {none['step_time_ms']:9.1f} "
+                  f"{none['prediction_error']:+7.1%} {frozen['predicted_step_ms']:9.1f} {frozen['step_time_ms']:9.1f} "
+                  f"{frozen['prediction_error']:+7.1%} {speed:7.3f} {pred:6.3f}  spread "
+                  f"{q.get('max_spread', 0):.0%}, replay gap {q.get('replay_gap', float('nan')):+.1%}", flush=True)
+            table.setdefault(name, []).append(frozen["prediction_error"])
+    print("\nplan prediction error per schedule (all rounds): " + "; ".join(
+        f"{n} {' '.join(f'{e:+.1%}' for e in errs)} (worst {max(errs, key=abs):+.1%})" for n, errs in table.items()))
+    print(f"runs kept in {root}; `tfplan explain DIR` on any run shows where its step went")
+
+
+def stability(root: Path, repeats: int = 3) -> None:
+    """How far a profile's medians move between repeated profiles, by profiling steps (1F1B)."""
+    print(f"profile stability, 1F1B, tiny, {RANKS} ranks, M = {M}; load average {os.getloadavg()[0]:.2f}")
+    print(f"{'steps':>5s} {'field':>22s} {'values (ms) of repeated profiles':>40s} {'spread':>7s}")
+    for steps in (6, 10, 20, 40):
+        profs = [json.loads(profile(root, "1f1b", 1, steps, f"s{steps}-{k}").read_text()) for k in range(repeats)]
+        rows = {"step (primary run)": [p["source"]["step_time_ms"] for p in profs]}
+        for s in range(2):
+            for field in ("forward_ms", "backward_ms", "backward_frozen_ms"):
+                rows[f"stage {s} {field}"] = [p["stages"][s][field] for p in profs]
+        worst = 0.0
+        for key, values in rows.items():
+            rel = (max(values) - min(values)) / statistics.median(values) if statistics.median(values) else 0.0
+            worst = max(worst, rel) if key != "stage 0 backward_frozen_ms" else worst  # ~0.2 ms: noise only
+            print(f"{steps:5d} {key:>22s} {' '.join(f'{x:8.2f}' for x in values):>40s} {rel:7.1%}")
+        print(f"{steps:5d} {'largest (max-min)/median':>22s} {worst:48.1%}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--schedules", default=",".join(SCHEDULES))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--stability", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="prediction-"))
+    root.mkdir(parents=True, exist_ok=True)
+    if args.stability:
+        stability(root)
+    else:
+        closed_loop(root, args.schedules.split(","), args.rounds)
+
+
+if __name__ == "__main__":
+    main()
