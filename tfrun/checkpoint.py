@@ -20,7 +20,8 @@ def _rank_file(out: Path, step: int, rank: int) -> Path:
     return out / "checkpoints" / f"step{step:07d}" / f"rank{rank}.pt"
 
 
-def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, freezer, metrics: list[dict]) -> None:
+def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, freezer, metrics: list[dict],
+         online=None) -> None:
     """Save this rank's state for resuming at `step` (the number of steps completed)."""
     path = _rank_file(out, step, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -31,6 +32,7 @@ def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, fre
         "data": batches.state_dict(),
         "freezer": freezer.state_dict(),
         "metrics": metrics if rank == 0 else None,
+        "online": online.state_dict() if online is not None else None,
     }
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".rank", suffix=".tmp")
     os.close(fd)
@@ -46,7 +48,7 @@ def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, fre
         write_json_atomic(out / "checkpoints" / "latest.json", {"step": step, "world_size": dist.get_world_size()})
 
 
-def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer) -> tuple[int, list[dict]]:
+def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer, online=None) -> tuple[int, list[dict]]:
     """Restore this rank's state from out's latest checkpoint; returns (next step, metrics so far)."""
     latest = out / "checkpoints" / "latest.json"
     if not latest.exists():
@@ -60,5 +62,7 @@ def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer) -> tu
     optimizer.load_state_dict(state["optimizer"])
     batches.load_state_dict(state["data"])
     freezer.load_state_dict(state["freezer"])
+    if online is not None and state.get("online") is not None:
+        online.load_state_dict(state["online"])
     metrics = state["metrics"] or []
     return int(state["step"]), metrics

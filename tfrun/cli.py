@@ -29,12 +29,18 @@ app = typer.Typer(
 
 @app.command("train")
 def train_cmd(
-    plan: Annotated[str, typer.Option("--plan", help="Plan JSON from `tfplan solve`.")],
+    plan: Annotated[
+        str | None, typer.Option("--plan", help="Plan JSON from `tfplan solve` (with --freeze timely: optional, "
+                                                "seeds the first plan).")
+    ] = None,
     model: Annotated[str, typer.Option("--model", help="Model size: tiny, small, llama3.2-1b, llama3.1-8b.")] = "tiny",
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 30,
     seed: Annotated[int, typer.Option("--seed", help="Initialisation, data and freeze-selection seed.")] = 0,
     out: Annotated[str, typer.Option("--out", help="Output folder.")] = "runs/latest",
-    freeze: Annotated[str, typer.Option("--freeze", help="plan: apply the plan; none: unfrozen baseline.")] = "plan",
+    freeze: Annotated[
+        str, typer.Option("--freeze", help="plan: apply the plan; none: the unfrozen baseline; all: freeze "
+                                           "everything; timely: measure, plan and freeze inside the run.")
+    ] = "plan",
     freeze_method: Annotated[
         str, typer.Option("--freeze-method", help="detach (forward with frozen weights detached) or grad.")
     ] = "detach",
@@ -49,7 +55,9 @@ def train_cmd(
             "in a share r of steps (steps vary: slower than planned, trains worst). weighted: stage 0 draws "
             "front-weighted random subsets (the paper's code)."))
     ] = "auto",
-    ramp_steps: Annotated[int, typer.Option("--ramp-steps", help="Ramp ratios from 0 over K steps.")] = 0,
+    ramp_steps: Annotated[
+        int | None, typer.Option("--ramp-steps", help="Ramp ratios from 0 over K steps (default 0; timely 15).")
+    ] = None,
     redraw_every: Annotated[
         int, typer.Option("--redraw-every", help="Window of K steps: frozen sets are re-drawn per window, and "
                                                  "each stage's realised mean ratio over a window is at most the "
@@ -76,19 +84,56 @@ def train_cmd(
     data: Annotated[str | None, typer.Option("--data", help="Training text file (default: pydoc topics).")] = None,
     threads: Annotated[int, typer.Option("--threads", help="Compute threads per rank (CPU).")] = 1,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    schedule: Annotated[str | None, typer.Option("--schedule", help="timely without --plan: the schedule.")] = None,
+    ranks: Annotated[int | None, typer.Option("--ranks", help="timely without --plan: pipeline ranks.")] = None,
+    microbatches: Annotated[
+        int | None, typer.Option("--microbatches", "-m", help="timely without --plan: micro-batches per step.")
+    ] = None,
+    stages_per_rank: Annotated[
+        int | None, typer.Option("--stages-per-rank", help="timely without --plan: stages per rank V.")
+    ] = None,
+    max_freeze_ratio: Annotated[
+        str, typer.Option("--max-freeze-ratio", "-c", help="timely: cap on each stage's mean ratio (one value, or "
+                                                          "comma-separated per stage).")
+    ] = "0.9",
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="timely: steps before monitoring.")] = 5,
+    monitor_steps: Annotated[
+        int, typer.Option("--monitor-steps", help="timely: steps timing every action unfrozen.")
+    ] = 15,
+    probe_steps: Annotated[
+        int, typer.Option("--probe-steps", help="timely: steps timing frozen backwards (a quarter of the "
+                                               "micro-batches frozen per step).")
+    ] = 5,
+    replan_threshold: Annotated[
+        float, typer.Option("--replan-threshold", help="timely: re-plan when an action kind's time drifts by more "
+                                                      "than this share.")
+    ] = 0.10,
+    replan_window: Annotated[
+        int, typer.Option("--replan-window", help="timely: steps per drift check.")
+    ] = 20,
 ) -> None:
-    """Train with the plan's schedule, freezing each (stage, micro-batch) action's share of parameters.
+    """Train with the plan's schedule, freezing each (stage, micro-batch) action's share of parameters; or, with
+    --freeze timely, measure the pipeline, solve the plan and freeze inside this one run.
 
     Starts the plan's number of ranks on this host through torch.distributed.run, or joins an external
-    `torchrun` job. Writes metrics.jsonl, summary.json, profile.json and checkpoints to --out.
+    `torchrun` job. Writes metrics.jsonl, summary.json, profile.json and checkpoints to --out (and plan.json,
+    plans/ for timely).
+
+    Examples:
+      tfrun train --plan plan.json --steps 30 --out runs/plan
+      tfrun train --freeze timely --schedule 1f1b --ranks 2 --microbatches 8 --max-freeze-ratio 0.9 --steps 120
     """
     from tfrun import launch, setup
 
     with user_errors(TfrunError):
         config = setup.train_config(
             plan_path=plan, model=model, steps=steps, seed=seed, out_dir=resume or out, freeze=freeze,
-            freeze_method=freeze_method, freeze_policy=freeze_policy, ramp_steps=ramp_steps, redraw_every=redraw_every,
-            max_stale_steps=max_stale_steps,
+            freeze_method=freeze_method, freeze_policy=freeze_policy, redraw_every=redraw_every,
+            ramp_steps=ramp_steps if ramp_steps is not None else (15 if freeze == "timely" else 0),
+            max_stale_steps=max_stale_steps, schedule=schedule, ranks=ranks, microbatches=microbatches,
+            stages_per_rank=stages_per_rank, max_freeze_ratio=_caps(max_freeze_ratio), warmup_steps=warmup_steps,
+            monitor_steps=monitor_steps, probe_steps=probe_steps, replan_threshold=replan_threshold,
+            replan_window=replan_window,
             grad_rescale=grad_rescale, microbatch_size=microbatch_size, global_batch=global_batch,
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet,
@@ -100,6 +145,13 @@ def train_cmd(
         launch.launch(config)
         summary = json.loads((setup.out_path(config) / "summary.json").read_text())
         setup.print_summary(summary, Console(highlight=False))
+
+
+def _caps(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise TfrunError(f"--max-freeze-ratio: numbers, comma-separated, got {text!r}") from None
 
 
 @app.command("profile")

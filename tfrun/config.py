@@ -14,7 +14,7 @@ from typing import Any
 
 from tfrun.errors import TfrunError
 
-FREEZE_MODES = ("plan", "none", "all")
+FREEZE_MODES = ("plan", "none", "all", "timely")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,7 +39,8 @@ class TrainConfig:
     plan_profile: dict | None = None
     """The plan's profile section (per-stage costs it was planned with), JSON form."""
     freeze: str = "plan"
-    """plan: apply the ratios; none: freeze nothing (the baseline); all: freeze everything (profiling)."""
+    """plan: apply the ratios; none: freeze nothing (the baseline); all: freeze everything (profiling);
+    timely: measure, plan and freeze inside the run (tfrun.online)."""
     freeze_method: str = "detach"
     """detach or grad (tfrun.runtime Note [freeze methods])."""
     freeze_policy: str = "auto"
@@ -85,6 +86,18 @@ class TrainConfig:
     """Compute threads per rank (CPU)."""
     quiet: bool = False
     """No progress bar (benchmarks, tests)."""
+    max_freeze_ratio: list[float] = field(default_factory=lambda: [0.9])
+    """timely: the cap on each stage's mean ratio (one value for all stages, or one per stage)."""
+    warmup_steps: int = 5
+    """timely: steps without freezing or measuring at the start (tfrun.online)."""
+    monitor_steps: int = 15
+    """timely: steps timing every action with nothing frozen."""
+    probe_steps: int = 5
+    """timely: steps measuring frozen backward times (Note [probe])."""
+    replan_threshold: float = 0.10
+    """timely: re-plan when a (stage, kind)'s median measured / planned time is off by more (Note [drift])."""
+    replan_window: int = 20
+    """timely: steps per drift check in the stable phase."""
 
     @property
     def num_ranks(self) -> int:
@@ -93,6 +106,11 @@ class TrainConfig:
     @property
     def global_batch(self) -> int:
         return self.microbatch_size * self.num_microbatches
+
+    def ratio_of(self, action: str) -> float:
+        """The fixed ratio this run freezes `action` at: the plan's (plan), 0 (none), 1 (all); 0 under timely,
+        whose ratios change during the run (tfrun.online)."""
+        return {"plan": self.ratios.get(action, 0.0), "all": 1.0}.get(self.freeze, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -137,8 +155,18 @@ class TrainConfig:
         for name in ("steps", "microbatch_size", "seq_len", "redraw_every", "eval_batches", "threads"):
             if getattr(self, name) < 1:
                 raise TfrunError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("ramp_steps", "eval_every", "checkpoint_every", "timing_warmup_steps", "max_stale_steps"):
+        for name in ("ramp_steps", "eval_every", "checkpoint_every", "timing_warmup_steps", "max_stale_steps",
+                     "warmup_steps", "monitor_steps", "probe_steps"):
             if getattr(self, name) < 0:
                 raise TfrunError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise TfrunError(f"--lr must be > 0, got {self.lr}")
+        if self.freeze == "timely":
+            if self.plan_path is None and (self.monitor_steps < 2 or self.probe_steps < 1):
+                raise TfrunError("--freeze timely needs --monitor-steps >= 2 and --probe-steps >= 1 (or a --plan)")
+            if self.replan_window < 2 or not 0 < self.replan_threshold:
+                raise TfrunError(f"--replan-window must be >= 2 and --replan-threshold > 0, got "
+                                 f"{self.replan_window} and {self.replan_threshold:g}")
+            if len(self.max_freeze_ratio) not in (1, self.num_stages) or not all(
+                    0 <= c <= 1 for c in self.max_freeze_ratio):
+                raise TfrunError(f"--max-freeze-ratio: one cap or one per stage ({self.num_stages}), each in [0, 1]")

@@ -123,6 +123,10 @@ class Freezer:
         ramp_steps: ratios ramp linearly from 0 to the plan over this many steps (0 = from the first step).
         policy: one of POLICIES (Note [freeze policy]).
         max_stale_steps: Note [stale guard] (0 = off).
+
+    A plan can change during training (`set_plan`, the online mode): windows and the ramp then count from the
+    step the new plan starts ("epoch"). `set_probe` freezes whole micro-batches on every stage for measuring
+    (tfrun.online).
     """
 
     def __init__(
@@ -149,17 +153,46 @@ class Freezer:
         self._forced: tuple[int, dict[int, dict[int, frozenset[str]]]] = (-1, {})  # step, stage -> mb -> names
         self.stats = {s: TensorStats(len(c)) for s, c in stage_candidates.items()}
         self._warned: set[int] = set()
+        self.epoch = 0
+        """The step the plan in force started at."""
+        self.probe: tuple[int, int] | None = None
+        """(first step, micro-batches per step) while probing (probe_microbatches), else None."""
+
+    def set_plan(self, ratios: Mapping[tuple[int, int], float], start_step: int, ramp_steps: int) -> None:
+        """Apply new planned ratios from `start_step`, ramped over `ramp_steps`; ends a probe."""
+        self.ratios, self.epoch, self.ramp_steps, self.probe = dict(ratios), start_step, ramp_steps, None
+        self._plans.clear()
+        self._debt.clear()
+        self._forced = (-1, {})
+
+    def set_probe(self, start_step: int, per_step: int) -> None:
+        """From `start_step`, freeze every parameter of `per_step` whole micro-batches per step on every stage
+        (probe_microbatches) and nothing else, until the next set_plan."""
+        assert 1 <= per_step <= self.num_microbatches
+        self.probe = (start_step, per_step)
+
+    def probe_microbatches(self, step: int) -> frozenset[int]:
+        """The micro-batches frozen entirely at `step` of a probe: a block of `per_step` that moves by
+        `per_step` each step, so consecutive probe steps cover every micro-batch."""
+        if self.probe is None or step < self.probe[0]:
+            return frozenset()
+        start, k = self.probe
+        return frozenset(((step - start) * k + j) % self.num_microbatches for j in range(k))
 
     def ramp(self, step: int) -> float:
         """Fraction of the planned ratios applied at `step` (0-based)."""
         if self.ramp_steps == 0:
             return 1.0
-        return min(1.0, (step + 1) / self.ramp_steps)
+        return min(1.0, (step - self.epoch + 1) / self.ramp_steps)
 
     def selection(self, step: int, stage: int, mb: int) -> Selection:
         """The parameters frozen in stage `stage`'s micro-batch `mb` at training step `step`."""
-        window = step // self.redraw_every
-        sel = self._window_plan(stage, window)[step - window * self.redraw_every][mb]
+        if self.probe is not None and step >= self.probe[0]:
+            everything = range(len(self.stage_candidates[stage])) if mb in self.probe_microbatches(step) else ()
+            return self._selection(stage, set(everything))
+        assert step >= self.epoch, "a step before the plan in force"
+        window = (step - self.epoch) // self.redraw_every
+        sel = self._window_plan(stage, window)[step - self.epoch - window * self.redraw_every][mb]
         if self.max_stale_steps:
             forced = self._forced_names(step, stage).get(mb)
             if forced:
@@ -179,7 +212,7 @@ class Freezer:
         if cached is not None and cached[0] == window:
             return cached[1]
         w, m = self.redraw_every, self.num_microbatches
-        allowance = [[self.ratios.get((stage, j), 0.0) * self.ramp(window * w + t) for j in range(m)]
+        allowance = [[self.ratios.get((stage, j), 0.0) * self.ramp(self.epoch + window * w + t) for j in range(m)]
                      for t in range(w)]
         cands = self.stage_candidates[stage]
         costs = [c.cost for c in cands]
@@ -239,8 +272,8 @@ class Freezer:
             self._forced = (step, {})
         by_stage = self._forced[1]
         if stage not in by_stage:
-            window = step // self.redraw_every
-            row = self._window_plan(stage, window)[step - window * self.redraw_every]
+            window = (step - self.epoch) // self.redraw_every
+            row = self._window_plan(stage, window)[step - self.epoch - window * self.redraw_every]
             stale = self.stats[stage].stale(step, self.max_stale_steps)
             forced: dict[int, set[str]] = {}
             mbs = sorted(range(self.num_microbatches), key=lambda j: (self.ratios.get((stage, j), 0.0), j))
@@ -258,11 +291,16 @@ class Freezer:
         function of seed, step, stage and micro-batch)."""
         return {
             "seed": self.seed, "policy": self.policy, "redraw_every": self.redraw_every,
+            "ratios": [[s, m, r] for (s, m), r in sorted(self.ratios.items())], "epoch": self.epoch,
+            "ramp_steps": self.ramp_steps, "probe": list(self.probe) if self.probe else None,
             "debt": {s: [w, list(start)] for s, (w, start, _) in self._debt.items()},
             "stats": {s: st.state_dict() for s, st in self.stats.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
+        if "ratios" in state:  # the plan in force (it changes in online runs)
+            self.set_plan({(s, m): r for s, m, r in state["ratios"]}, state["epoch"], state["ramp_steps"])
+            self.probe = tuple(state["probe"]) if state["probe"] else None
         self._debt = {int(s): (int(w), [float(x) for x in d], None) for s, (w, d) in state.get("debt", {}).items()}
         for s, st in state.get("stats", {}).items():
             self.stats[int(s)].load_state_dict(st)

@@ -21,6 +21,8 @@ The decision is keyed by parameter name, never by position.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -92,6 +94,9 @@ def make_stage(
 
     assert method in (DETACH, GRAD)
     params = dict(module.named_parameters())
+    # Test hook: TFRUN_SLOW=stage:step:ms makes that stage's forward take ms longer from that step on.
+    slow = tuple(float(x) if i == 2 else int(x) for i, x in enumerate(os.environ["TFRUN_SLOW"].split(":"))) \
+        if os.environ.get("TFRUN_SLOW") else None
 
     class _Stage(PipelineStage):
         def _frozen(self, mb: int) -> frozenset[str]:
@@ -107,8 +112,13 @@ def make_stage(
 
         def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
             self._fwd_mb = fwd_chunk_id
-            return timer.time(f"{self.stage_index}F{fwd_chunk_id}", super().forward_one_chunk,
-                              fwd_chunk_id, args, kwargs, save_forward_output)
+            return timer.time(f"{self.stage_index}F{fwd_chunk_id}", self._forward, fwd_chunk_id, args, kwargs,
+                              save_forward_output)
+
+        def _forward(self, *args):
+            if slow is not None and self.stage_index == slow[0] and state.step >= slow[1]:
+                time.sleep(slow[2] / 1e3)  # test hook: a stage that became slower mid-run (TFRUN_SLOW)
+            return super().forward_one_chunk(*args)
 
         def forward_maybe_with_nosync(self, *args, **kwargs):
             frozen = self._frozen(self._fwd_mb)

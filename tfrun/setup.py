@@ -11,8 +11,11 @@ from tfrun.config import TrainConfig
 from tfrun.errors import TfrunError
 
 
-def train_config(*, plan_path: str, global_batch: int | None, microbatch_size: int, **options) -> TrainConfig:
-    """Read the plan and combine it with the options; every user mistake raises one clear line.
+def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_size: int,
+                 schedule: str | None = None, ranks: int | None = None, microbatches: int | None = None,
+                 stages_per_rank: int | None = None, **options) -> TrainConfig:
+    """Read the plan (or, for --freeze timely, generate the schedule) and combine it with the options; every
+    user mistake raises one clear line.
 
     Raises:
         TfrunError / TfplanError: a missing or malformed plan, unknown model, a batch the plan's
@@ -20,24 +23,34 @@ def train_config(*, plan_path: str, global_batch: int | None, microbatch_size: i
     """
     from tfplan import plan as plan_mod
     from tfplan import profile as profile_mod
-    from tfrun.data import load_corpus
+    from tfplan import schedules
     from tfrun.runtime import check_torch
 
     check_torch()
+    freeze = options.get("freeze", "plan")
+    if plan_path is None:
+        if freeze != "timely":
+            raise TfrunError("--plan is required (unless --freeze timely, which plans inside the run)")
+        if schedule is None or ranks is None or microbatches is None:
+            raise TfrunError("--freeze timely without --plan needs --schedule, --ranks and --microbatches")
+        spec = schedules.get_spec(schedule)
+        sched = schedules.generate(spec.name, ranks, microbatches, stages_per_rank or spec.default_stages_per_rank)
+        config = TrainConfig(order=[[str(a) for a in row] for row in sched.order], num_stages=sched.num_stages,
+                             num_microbatches=microbatches, stage_to_rank=list(sched.stage_to_rank),
+                             schedule_name=sched.name, microbatch_size=_microbatch_size(
+                                 global_batch, microbatches, microbatch_size), **options)
+        return _checked(config)
+    if schedule is not None or ranks is not None or microbatches is not None or stages_per_rank is not None:
+        raise TfrunError("--schedule, --ranks, --microbatches and --stages-per-rank come from the plan; "
+                         "give them only with --freeze timely and no --plan")
     plan = plan_mod.load(plan_path)
     sched = plan.schedule
     m = sched.num_microbatches
-    if global_batch is not None:
-        if global_batch % m:
-            raise TfrunError(
-                f"--global-batch {global_batch} is not divisible into the plan's {m} micro-batches; "
-                f"use a multiple of {m}"
-            )
-        microbatch_size = global_batch // m
-    freeze = options.get("freeze", "plan")
+    microbatch_size = _microbatch_size(global_batch, m, microbatch_size)
     dag = plan.dag
-    ratios = {str(a): r for a, r in zip(dag.actions, plan.ratios) if r > 0}
-    predicted = plan.predicted.planned_ms if freeze == "plan" else plan.predicted.no_freeze_ms
+    ratios = {str(a): r for a, r in zip(dag.actions, plan.ratios) if r > 0} if freeze == "plan" else {}
+    predicted = {"plan": plan.predicted.planned_ms, "none": plan.predicted.no_freeze_ms,
+                 "all": plan.predicted.all_frozen_ms}.get(freeze)
     base = profile_mod.Profile(name=plan.profile_name, source={"kind": "plan"}, p2p_ms=dag.p2p_ms,
                                dispatch_ms=dag.dispatch_ms, step_overhead_ms=dag.step_overhead_ms,
                                stages=dag.stage_costs)
@@ -54,6 +67,22 @@ def train_config(*, plan_path: str, global_batch: int | None, microbatch_size: i
         microbatch_size=microbatch_size,
         **options,
     )
+    return _checked(config)
+
+
+def _microbatch_size(global_batch: int | None, m: int, microbatch_size: int) -> int:
+    if global_batch is None:
+        return microbatch_size
+    if global_batch % m:
+        raise TfrunError(
+            f"--global-batch {global_batch} is not divisible into the plan's {m} micro-batches; use a multiple of {m}"
+        )
+    return global_batch // m
+
+
+def _checked(config: TrainConfig) -> TrainConfig:
+    from tfrun.data import load_corpus
+
     config.check()
     load_corpus(config.data_path)  # fail before launching if --data is missing or too short
     if config.resume and not (Path(config.out_dir) / "checkpoints" / "latest.json").exists():

@@ -20,7 +20,8 @@ from tfrun.config import TrainConfig
 from tfrun.data import Batches, encode, eval_batches, load_corpus, split_tokens
 from tfrun.errors import TfrunError
 from tfrun.freezing import Freezer, candidates
-from tfrun.model import MODELS, build_stage, loss_fn
+from tfrun.model import MODELS, build_stage, count_params, loss_fn
+from tfrun.online import OnlinePlanner
 from tfrun.runtime import StepState, build_schedule, make_stage
 from tfrun.timing import ActionTimer, gather_records
 
@@ -32,7 +33,7 @@ def planned_ratios(config: TrainConfig, stages: list[int]) -> dict[tuple[int, in
     out = {}
     for action in (parse_action(a) for row in config.order for a in row):
         if action.stage in stages and action.kind in FREEZABLE:
-            ratio = {"plan": config.ratios.get(str(action), 0.0), "none": 0.0, "all": 1.0}[config.freeze]
+            ratio = config.ratio_of(str(action))
             if ratio > 0:
                 out[(action.stage, action.mb)] = ratio
     return out
@@ -60,7 +61,7 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         num_microbatches=config.num_microbatches,
         seed=config.seed,
         redraw_every=config.redraw_every,
-        ramp_steps=config.ramp_steps if config.freeze == "plan" else 0,
+        ramp_steps=config.ramp_steps if config.freeze in ("plan", "timely") else 0,
         policy=config.freeze_policy,
         max_stale_steps=config.max_stale_steps,
     )
@@ -81,10 +82,13 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
                          num_batches=config.eval_batches)
     out = Path(config.out_dir)
     has_first, has_last = 0 in local, config.num_stages - 1 in local
+    online = OnlinePlanner(config, freezer, timer, out, _stage_numel(config)) if config.freeze == "timely" else None
     metrics: list[dict] = []
     start = 0
     if config.resume:
-        start, metrics = checkpoint.load(out, rank, modules, optimizer, batches, freezer)
+        start, metrics = checkpoint.load(out, rank, modules, optimizer, batches, freezer, online)
+    if online is not None and rank == 0:
+        print(online.describe(), flush=True)
 
     def evaluate() -> float:
         state.freezing, timer.enabled = False, False
@@ -104,9 +108,12 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
             fault_hook(step)
         x, y = batches.batch_at(step)
         state.begin(step)
+        if online is not None:
+            metrics += online.before_step(step)
         losses: list = []
         dist.barrier()
-        timer.enabled = step >= max(config.ramp_steps, config.timing_warmup_steps)
+        timer.enabled = step >= (config.timing_warmup_steps if online else max(config.ramp_steps,
+                                                                               config.timing_warmup_steps))
         timer.begin_step(step)
         t0 = time.perf_counter()
         runtime.step(*((x.to(device),) if has_first else ()),
@@ -126,11 +133,15 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         if (config.eval_every and (step + 1) % config.eval_every == 0) or last:
             row["eval_loss"] = evaluate()
         metrics.append(row)
+        if online is not None:
+            row["phase"] = online.phase(step)
+            online.record_shares(step, state.shares)
+            metrics += online.after_step(step, metrics)
         if rank == 0:
             measure.write_metrics(out, metrics)
         progress.update(row)
         if (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0) or last:
-            checkpoint.save(out, rank, step + 1, modules, optimizer, batches, freezer, metrics)
+            checkpoint.save(out, rank, step + 1, modules, optimizer, batches, freezer, metrics, online)
     progress.close()
 
     records, spans = gather_records(timer.records), gather_records(timer.spans)
@@ -138,9 +149,22 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
     if rank != 0:
         return None
     summary = measure.summarize(config, metrics, records, stats)
+    plan_profile = None
+    if online is not None:
+        summary |= online.summary(metrics)
+        summary["predicted_step_ms"] = summary["stable_predicted_step_ms"]
+        summary["prediction_error"] = summary["stable_prediction_error"]
+        plan_profile = online.profile()
     (out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
-    measure.write_outputs(out, config, summary, records, stats, spans)
+    measure.write_outputs(out, config, summary, records, stats, spans, plan_profile)
     return summary
+
+
+def _stage_numel(config: TrainConfig) -> dict[int, int]:
+    """Parameter elements of every stage (shapes only: meta tensors)."""
+    cfg = MODELS[config.model]
+    return {s: count_params(build_stage(cfg, s, config.num_stages, config.seed, device="meta"))
+            for s in range(config.num_stages)}
 
 
 def _gather_stats(freezer: Freezer) -> list[dict] | None:

@@ -1,0 +1,145 @@
+"""Online TimelyFreeze (`tfrun train --freeze timely`): phases, the probe, drift and re-planning, end to end on
+2 gloo ranks (tiny model, short sequences)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import torch_or_skip
+
+FAST = ["--microbatch-size", "2", "--seq-len", "32", "--quiet"]
+SHORT = ["--warmup-steps", "2", "--monitor-steps", "4", "--probe-steps", "2", "--ramp-steps", "3"]
+
+
+def _timely(out: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "tfrun", "train", "--freeze", "timely", "--ranks", "2", "--microbatches", "4",
+           "--out", str(out), *FAST, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, **(env or {})))
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_phases_follow_the_options_and_a_seed_plan_skips_measuring():
+    pytest.importorskip("torch")
+    from tfrun.config import TrainConfig
+    from tfrun.online import phase_bounds
+
+    base = dict(order=[["0F0", "0B0"], ["1F0", "1B0"]], num_stages=2, num_microbatches=1, stage_to_rank=[0, 1],
+                freeze="timely", warmup_steps=3, monitor_steps=5, probe_steps=2, ramp_steps=4)
+    assert phase_bounds(TrainConfig(**base)) == [("warmup", 0, 3), ("monitor", 3, 8), ("probe", 8, 10),
+                                                 ("ramp", 10, 14), ("stable", 14, None)]
+    seeded = TrainConfig(**base, plan_path="plan.json")
+    assert phase_bounds(seeded) == [("warmup", 0, 3), ("ramp", 3, 7), ("stable", 7, None)]
+
+
+def test_the_probe_freezes_whole_microbatches_and_covers_them_all():
+    from tfrun.freezing import Candidate, Freezer
+
+    f = Freezer({0: [Candidate(name="a", cost=1.0), Candidate(name="b", cost=3.0)]}, {}, num_microbatches=8, seed=0)
+    f.set_probe(10, 2)
+    frozen = [f.probe_microbatches(s) for s in range(10, 14)]
+    assert all(len(mbs) == 2 for mbs in frozen) and set().union(*frozen) == set(range(8))
+    assert f.selection(10, 0, min(frozen[0])).share == 1.0
+    assert f.selection(10, 0, max(set(range(8)) - frozen[0])).names == frozenset()
+    f.set_plan({(0, 1): 0.5}, 14, 0)  # a plan ends the probe
+    assert f.probe is None and f.selection(14, 0, 0).names == frozenset()
+
+
+def test_drift_is_the_median_ratio_of_measured_to_planned_times():
+    from tfplan import dag, plan, profile, schedules, solver
+    from tfrun.online import _drift, _scaled_profile
+
+    prof = profile.uniform(2, forward_ms=10.0, backward_ms=20.0, backward_frozen_ms=10.0)
+    d = dag.build(schedules.generate("1f1b", 2, 4), prof)
+    p = plan.make_plan(d, solver.solve(d, 0.5), [0.5, 0.5], prof)
+    rows = [(s, f"1F{m}", 1, 0.0, 15.0, 0.0) for s in range(3) for m in range(4)]  # stage 1 forward: 1.5x
+    rows += [(s, f"0B{m}", 0, 0.0, 20.0 - 10.0 * share, share) for s in range(3) for m, share in
+             enumerate((0.0, 0.5, 1.0, 0.25))]  # stage 0 backward exactly as planned at its realised share
+    drift = _drift(p, rows)
+    assert drift == pytest.approx({"1F": 1.5, "0B": 1.0})
+    scaled = _scaled_profile(p, drift, 0.1)
+    assert scaled.stages[1].forward_ms == pytest.approx(15.0) and scaled.stages[0].backward_ms == 20.0
+
+
+@pytest.mark.slow
+def test_timely_runs_every_phase_and_plans_identically_on_every_rank(tmp_path):
+    torch = torch_or_skip()
+    out = tmp_path / "timely"
+    proc = _timely(out, "--schedule", "1f1b", "--steps", "22", "--replan-window", "5", *SHORT,
+                   "--checkpoint-every", "22")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "online TimelyFreeze: warmup 0-1, monitor 2-5, probe 6-7, ramp 8-10, stable from 11" in proc.stdout
+    rows = _rows(out)
+    events = [r for r in rows if "event" in r]
+    assert [(e["phase"], e["step"]) for e in events if e["event"] == "phase"] == [
+        ("warmup", 0), ("monitor", 2), ("probe", 6), ("ramp", 8), ("stable", 11)]
+    assert [(e["event"], e["step"]) for e in events if e["event"] in ("probe", "plan")][:2] == [("probe", 7),
+                                                                                                 ("plan", 8)]
+    assert all("time" in r for r in rows) and [r["phase"] for r in rows if "loss" in r][:3] == ["warmup"] * 2 + [
+        "monitor"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [p["name"] for p in summary["phases"]] == ["warmup", "monitor", "probe", "ramp", "stable"]
+    assert summary["stable_step_time_ms"] > 0 and summary["solve_s"][0] > 0
+    assert 0 < summary["outside_stable_share"] < 1 and summary["prediction_error"] is not None
+    result = subprocess.run([sys.executable, "-m", "tfplan", "show", str(out / "plan.json")], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (out / "plans" / "step0000008.json").exists()
+    plans = [torch.load(out / "checkpoints" / "step0000022" / f"rank{r}.pt", weights_only=False)["online"]["plan"]
+             for r in (0, 1)]
+    assert plans[0] == plans[1] == json.loads((out / "plan.json").read_text())
+    assert any(r["freeze_ratio"][1] > 0 for r in rows if "loss" in r and r["phase"] == "stable")
+
+
+@pytest.mark.slow
+def test_a_stage_that_slows_down_triggers_a_replan_and_a_steady_one_does_not(tmp_path):
+    torch_or_skip()
+    runs = {}
+    for name, env in (("steady", {}), ("slowed", {"TFRUN_SLOW": "1:14:40"})):  # stage 1 F +40 ms from step 14
+        out = tmp_path / name
+        proc = _timely(out, "--schedule", "1f1b", "--steps", "24", "--replan-window", "5", "--replan-threshold",
+                       "0.5", *SHORT, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = [r for r in _rows(out) if r.get("event") == "plan"]
+    assert [p["reason"] for p in runs["steady"]] == ["first plan"]
+    replans = runs["slowed"][1:]
+    assert replans and replans[0]["reason"].startswith("drift: stage 1 F")
+    assert replans[0]["new_predicted_ms"] > replans[0]["old_predicted_ms"]
+
+
+@pytest.mark.slow
+def test_timely_on_a_zero_bubble_schedule(tmp_path):
+    torch_or_skip()
+    out = tmp_path / "zb"
+    proc = _timely(out, "--schedule", "interleaved-zb", "--stages-per-rank", "2", "--steps", "14", *SHORT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["schedule"]["name"] == "interleaved-zb"
+    assert any(a["freeze_ratio"] > 0 for a in plan["actions"] if "W" in a["action"])
+
+
+@pytest.mark.slow
+def test_resumed_in_the_probe_and_in_the_ramp_the_run_keeps_its_measurements_and_plan(tmp_path):
+    torch_or_skip()
+    out = tmp_path / "r"
+    common = ["--schedule", "1f1b", *SHORT, "--checkpoint-every", "1"]
+    assert _timely(out, "--steps", "7", *common).returncode == 0  # stops inside the probe (steps 6-7)
+    proc = _timely(out, "--steps", "10", *common[:-2], "--resume", str(out))  # solves at 7, stops in the ramp
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first_plan = (out / "plan.json").read_text()
+    proc = _timely(out, "--steps", "14", *common[:-2], "--resume", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(out)
+    assert [r["step"] for r in rows if "loss" in r] == list(range(14))
+    assert [(e["event"], e.get("phase"), e["step"]) for e in rows if "event" in e] == [
+        ("phase", "warmup", 0), ("phase", "monitor", 2), ("phase", "probe", 6), ("probe", None, 7),
+        ("plan", None, 8), ("phase", "ramp", 8), ("phase", "stable", 11)]
+    assert (out / "plan.json").read_text() == first_plan  # the same plan after the second resume
