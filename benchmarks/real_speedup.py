@@ -98,7 +98,8 @@ def main() -> None:
 
     t = time.monotonic()
     prof = profiling.measure(model=MODEL, num_ranks=RANKS, num_microbatches=M, schedule="1f1b",
-                             stages_per_rank=1, steps=8, microbatch_size=MB_SIZE, seq_len=SEQ, threads=1, seed=0,
+                             stages_per_rank=1, steps=profiling.DEFAULT_STEPS, microbatch_size=MB_SIZE, seq_len=SEQ,
+                             threads=1, seed=0,
                              work_dir=str(root / "profile"))
     write_json_atomic(root / "profile.json", prof.to_dict())
     print(f"profile measured in {time.monotonic() - t:.0f} s: " + "; ".join(
