@@ -129,6 +129,14 @@ def weighted_order(n: int, rng: random.Random, decay: float = 2.0) -> list[int]:
     return [i for _, i in sorted(keys, reverse=True)]
 
 
+def preferring_order(n: int, preferred: set[int], rng: random.Random, other_weight: float = 0.01) -> list[int]:
+    """A random order of range(n) drawn without replacement with weight 1 for `preferred` indices and
+    `other_weight` for the rest (METHOD.md section 5's hybrids: the baseline's candidates first, mostly).
+    Efraimidis-Spirakis keys: sort by u^(1/w) descending."""
+    keys = [(rng.random() ** (1.0 / (1.0 if i in preferred else other_weight)), i) for i in range(n)]
+    return [i for _, i in sorted(keys, reverse=True)]
+
+
 def skip_steps(allowance: Sequence[Sequence[float]], debt: Sequence[float]) -> tuple[list[list[bool]], list[float]]:
     """Note [skip]: which cells of one window skip their whole backward.
 

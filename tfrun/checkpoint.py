@@ -66,3 +66,29 @@ def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer, onlin
         online.load_state_dict(state["online"])
     metrics = state["metrics"] or []
     return int(state["step"]), metrics
+
+
+def load_weights(src: Path, rank: int, modules: dict) -> int:
+    """--init-from: this rank's stage weights from run `src`'s latest checkpoint (nothing else: the optimizer,
+    data position and freezer start fresh); returns the step they were saved at.
+
+    Raises:
+        TfrunError: no checkpoint there, or one of another pipeline split (ranks, stages, model).
+    """
+    latest = src / "checkpoints" / "latest.json"
+    if not latest.exists():
+        raise TfrunError(f"--init-from {src}: no checkpoint there (missing {latest})")
+    info = json.loads(latest.read_text())
+    if info["world_size"] != dist.get_world_size():
+        raise TfrunError(f"--init-from {src}: its checkpoint has {info['world_size']} ranks, this job "
+                         f"{dist.get_world_size()}")
+    state = torch.load(_rank_file(src, info["step"], rank), weights_only=False)
+    for s, module in modules.items():
+        if s not in state["models"]:
+            raise TfrunError(f"--init-from {src}: rank {rank} holds stages {sorted(state['models'])} there, "
+                             f"stage {s} here: another pipeline split")
+        missing, unexpected = module.load_state_dict(state["models"][s], strict=False)
+        if missing or unexpected:
+            raise TfrunError(f"--init-from {src}: stage {s} does not match (missing {missing[:2]}, unexpected "
+                             f"{unexpected[:2]}): another model or split")
+    return int(info["step"])

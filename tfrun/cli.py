@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -39,7 +40,10 @@ def train_cmd(
     out: Annotated[str, typer.Option("--out", help="Output folder.")] = "runs/latest",
     freeze: Annotated[
         str, typer.Option("--freeze", help="plan: apply the plan; none: the unfrozen baseline; all: freeze "
-                                           "everything; timely: measure, plan and freeze inside the run.")
+                                           "everything; timely: measure, plan and freeze inside the run; "
+                                           "uniform: every backward at the plan's mean ratio; apf, autofreeze: "
+                                           "the baselines; timely+apf, timely+autofreeze: the plan's ratios, "
+                                           "the baseline's choice of tensors.")
     ] = "plan",
     freeze_method: Annotated[
         str, typer.Option("--freeze-method", help="detach (forward with frozen weights detached) or grad.")
@@ -81,7 +85,13 @@ def train_cmd(
     resume: Annotated[
         str | None, typer.Option("--resume", help="Continue the run in this folder from its latest checkpoint.")
     ] = None,
-    data: Annotated[str | None, typer.Option("--data", help="Training text file (default: pydoc topics).")] = None,
+    data: Annotated[
+        str | None, typer.Option("--data", help="Training text file, or 'stdlib' (Python source; default: "
+                                                "CPython's pydoc topics).")
+    ] = None,
+    init_from: Annotated[
+        str | None, typer.Option("--init-from", help="Start from this run's latest weights (fresh optimizer).")
+    ] = None,
     threads: Annotated[int, typer.Option("--threads", help="Compute threads per rank (CPU).")] = 1,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     schedule: Annotated[str | None, typer.Option("--schedule", help="timely without --plan: the schedule.")] = None,
@@ -111,6 +121,15 @@ def train_cmd(
     replan_window: Annotated[
         int, typer.Option("--replan-window", help="timely: steps per drift check.")
     ] = 20,
+    apf_threshold: Annotated[float, typer.Option("--apf-threshold", help="apf: stability threshold.")] = 0.05,
+    apf_ema: Annotated[float, typer.Option("--apf-ema", help="apf: moving-average factor.")] = 0.99,
+    apf_check_every: Annotated[int, typer.Option("--apf-check-every", help="apf: steps between checks.")] = 10,
+    autofreeze_percentile: Annotated[
+        float, typer.Option("--autofreeze-percentile", help="autofreeze: rate percentile that freezes.")
+    ] = 50.0,
+    autofreeze_check_every: Annotated[
+        int, typer.Option("--autofreeze-check-every", help="autofreeze: steps between checks.")
+    ] = 20,
 ) -> None:
     """Train with the plan's schedule, freezing each (stage, micro-batch) action's share of parameters; or, with
     --freeze timely, measure the pipeline, solve the plan and freeze inside this one run.
@@ -133,7 +152,9 @@ def train_cmd(
             max_stale_steps=max_stale_steps, schedule=schedule, ranks=ranks, microbatches=microbatches,
             stages_per_rank=stages_per_rank, max_freeze_ratio=_caps(max_freeze_ratio), warmup_steps=warmup_steps,
             monitor_steps=monitor_steps, probe_steps=probe_steps, replan_threshold=replan_threshold,
-            replan_window=replan_window,
+            replan_window=replan_window, apf_threshold=apf_threshold, apf_ema=apf_ema,
+            apf_check_every=apf_check_every, autofreeze_percentile=autofreeze_percentile,
+            autofreeze_check_every=autofreeze_check_every, init_from=init_from,
             grad_rescale=grad_rescale, microbatch_size=microbatch_size, global_batch=global_batch,
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet,
@@ -145,6 +166,59 @@ def train_cmd(
         launch.launch(config)
         summary = json.loads((setup.out_path(config) / "summary.json").read_text())
         setup.print_summary(summary, Console(highlight=False))
+
+
+@app.command("compare")
+def compare_cmd(
+    runs: Annotated[list[str], typer.Argument(help="Run folders of `tfrun train` (two or more).")],
+    baseline: Annotated[
+        str | None, typer.Option("--baseline", help="The reference run (default: the --freeze none one).")
+    ] = None,
+    per_stage: Annotated[bool, typer.Option("--per-stage", help="Show the realised ratio of each stage.")] = False,
+    plot: Annotated[str | None, typer.Option("--plot", help="Write the curves to this PNG (matplotlib).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Compare runs of another model, data, seed or batch.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """What each method buys and costs: tokens/s and speedup against the unfrozen run, realised freeze ratio,
+    final train and eval loss, eval gap and the training time to reach the unfrozen run's final eval loss.
+
+    Example: tfrun compare runs/none runs/plan runs/apf --plot compare.png
+    """
+    from rich.table import Table
+
+    from tfrun import compare
+
+    with user_errors(TfrunError):
+        if len(runs) < 2:
+            raise TfrunError("compare needs two or more run folders")
+        loaded = [compare.load_run(r) for r in runs]
+        if not force:
+            compare.check_comparable(loaded)
+        base = compare.pick_baseline(loaded, baseline)
+        result = compare.compare(loaded, base)
+        if plot:
+            compare.plot(loaded, plot)
+        if as_json:
+            print(json.dumps(result))
+            return
+        table = Table(title=f"against {base.dir} (target eval loss {result['target_eval_loss']:.4f})",
+                      title_justify="left", show_edge=False)
+        for col in ("run", "method", "tokens/s", "speedup", "freeze ratio", "train loss", "eval loss", "eval gap",
+                    "time to target"):
+            table.add_column(col, justify="left" if col in ("run", "method") else "right")
+        for row in result["runs"]:
+            ratio = (" ".join(f"{r:.2f}" for r in row["freeze_ratio_per_stage"] or []) if per_stage
+                     else f"{row['mean_freeze_ratio']:.3f}")
+            reached = row["time_to_target_s"]
+            table.add_row(Path(row["dir"]).name, row["method"], f"{row['tokens_per_s']:.0f}",
+                          f"{row['speedup']:.3f}", ratio, f"{row['final_train_loss']:.4f}",
+                          f"{row['final_eval_loss']:.4f}" if row["final_eval_loss"] is not None else "-",
+                          f"{row['eval_gap']:+.2%}" if row["eval_gap"] is not None else "-",
+                          f"{reached:.0f} s" if reached is not None else "not reached")
+        console = Console(highlight=False)
+        console.print(table)
+        if plot:
+            console.print(f"plot written to {plot}")
 
 
 def _caps(text: str) -> list[float]:

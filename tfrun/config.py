@@ -14,7 +14,8 @@ from typing import Any
 
 from tfrun.errors import TfrunError
 
-FREEZE_MODES = ("plan", "none", "all", "timely")
+FREEZE_MODES = ("plan", "none", "all", "timely", "uniform", "apf", "autofreeze", "timely+apf", "timely+autofreeze")
+PLANNED = ("plan", "uniform", "timely+apf", "timely+autofreeze")  # modes that apply `ratios`
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,7 +41,9 @@ class TrainConfig:
     """The plan's profile section (per-stage costs it was planned with), JSON form."""
     freeze: str = "plan"
     """plan: apply the ratios; none: freeze nothing (the baseline); all: freeze everything (profiling);
-    timely: measure, plan and freeze inside the run (tfrun.online)."""
+    timely: measure, plan and freeze inside the run (tfrun.online); uniform: every B/W action at the plan's
+    overall mean ratio (schedule-blind); apf, autofreeze: the baselines (tfrun.baselines); timely+apf,
+    timely+autofreeze: the plan's ratios, the baseline's choice of tensors."""
     freeze_method: str = "detach"
     """detach or grad (tfrun.runtime Note [freeze methods])."""
     freeze_policy: str = "auto"
@@ -98,6 +101,18 @@ class TrainConfig:
     """timely: re-plan when a (stage, kind)'s median measured / planned time is off by more (Note [drift])."""
     replan_window: int = 20
     """timely: steps per drift check in the stable phase."""
+    apf_threshold: float = 0.05
+    """apf: effective perturbation below which a tensor is stable (tfrun.baselines)."""
+    apf_ema: float = 0.99
+    """apf: factor of its moving averages."""
+    apf_check_every: int = 10
+    """apf: steps between stability checks."""
+    autofreeze_percentile: float = 50.0
+    """autofreeze: percentile of the layers' gradient-norm change rates below which a layer freezes."""
+    autofreeze_check_every: int = 20
+    """autofreeze: steps between checks."""
+    init_from: str | None = None
+    """Start from this run's latest checkpoint (its weights; a fresh optimizer and data position)."""
 
     @property
     def num_ranks(self) -> int:
@@ -110,7 +125,9 @@ class TrainConfig:
     def ratio_of(self, action: str) -> float:
         """The fixed ratio this run freezes `action` at: the plan's (plan), 0 (none), 1 (all); 0 under timely,
         whose ratios change during the run (tfrun.online)."""
-        return {"plan": self.ratios.get(action, 0.0), "all": 1.0}.get(self.freeze, 0.0)
+        if self.freeze in PLANNED:
+            return self.ratios.get(action, 0.0)
+        return 1.0 if self.freeze == "all" else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -152,7 +169,8 @@ class TrainConfig:
             )
         if self.seq_len > cfg.max_seq_len:
             raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len {cfg.max_seq_len}")
-        for name in ("steps", "microbatch_size", "seq_len", "redraw_every", "eval_batches", "threads"):
+        for name in ("steps", "microbatch_size", "seq_len", "redraw_every", "eval_batches", "threads",
+                     "apf_check_every", "autofreeze_check_every"):
             if getattr(self, name) < 1:
                 raise TfrunError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("ramp_steps", "eval_every", "checkpoint_every", "timing_warmup_steps", "max_stale_steps",
@@ -161,6 +179,12 @@ class TrainConfig:
                 raise TfrunError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise TfrunError(f"--lr must be > 0, got {self.lr}")
+        if not 0 < self.apf_threshold < 1 or not 0 <= self.apf_ema < 1 or not 0 < self.autofreeze_percentile < 100:
+            raise TfrunError("--apf-threshold must be in (0, 1), --apf-ema in [0, 1), --autofreeze-percentile in "
+                             "(0, 100)")
+        if self.init_from is not None and self.resume:
+            raise TfrunError("--init-from starts a new run from another run's weights; --resume continues a run: "
+                             "give one")
         if self.freeze == "timely":
             if self.plan_path is None and (self.monitor_steps < 2 or self.probe_steps < 1):
                 raise TfrunError("--freeze timely needs --monitor-steps >= 2 and --probe-steps >= 1 (or a --plan)")

@@ -1,8 +1,9 @@
 """Offline byte-level data: a corpus, a byte tokenizer, a train/validation split and resumable batches.
 
 Nothing is downloaded. The default corpus is the text of CPython's own `pydoc_data.topics` (about 466 KB,
-shipped with every CPython); `--data FILE` trains on any file instead. Tokens are bytes (vocabulary 256), so
-any file works and decoding is exact.
+shipped with every CPython); `--data stdlib` is a second domain for fine-tuning: the source of the Python
+standard library's top-level modules (`STDLIB_MAX_BYTES` of it); `--data FILE` trains on any file instead.
+Tokens are bytes (vocabulary 256), so any file works and decoding is exact.
 
 Every rank builds the same `Batches` from the same seed and draws the same global batch; the trainer splits
 it into micro-batches with `split_microbatches`. A batch depends only on (seed, step), so resuming from
@@ -64,14 +65,38 @@ def default_corpus() -> bytes:
     return "\n".join(topics[key] for key in sorted(topics)).encode("utf-8")
 
 
+STDLIB = "stdlib"
+STDLIB_MAX_BYTES = 2_000_000
+"""How much of the standard library's source `--data stdlib` takes (its first modules by name)."""
+
+
+def stdlib_corpus(max_bytes: int = STDLIB_MAX_BYTES) -> bytes:
+    """Python source: the standard library's top-level modules (`*.py` in its folder, sorted by name, no
+    site-packages), concatenated up to `max_bytes`. Ships with every CPython; fixed for a Python version."""
+    import sysconfig
+
+    folder = Path(sysconfig.get_paths()["stdlib"])
+    parts, size = [], 0
+    for file in sorted(folder.glob("*.py")):
+        text = file.read_bytes()
+        parts.append(text)
+        size += len(text)
+        if size >= max_bytes:
+            break
+    return b"\n".join(parts)[:max_bytes]
+
+
 def load_corpus(path: str | None, *, min_bytes: int = MIN_CORPUS_BYTES) -> bytes:
-    """Bytes of the file at `path`, or of the default corpus when `path` is None.
+    """Bytes of the file at `path`, of the default corpus when `path` is None, or of the standard library's
+    source for `path` == "stdlib" (a file of that name in the current folder wins).
 
     Raises:
         DataError: the file is missing, unreadable, or shorter than `min_bytes`.
     """
     if path is None:
         data = default_corpus()
+    elif path == STDLIB and not Path(path).exists():
+        data = stdlib_corpus()
     else:
         file = Path(path)
         if not file.is_file():

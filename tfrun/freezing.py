@@ -123,6 +123,10 @@ class Freezer:
         ramp_steps: ratios ramp linearly from 0 to the plan over this many steps (0 = from the first step).
         policy: one of POLICIES (Note [freeze policy]).
         max_stale_steps: Note [stale guard] (0 = off).
+        signal: a baseline (tfrun.baselines APF or AutoFreeze). Alone (hybrid False) it decides everything:
+            its frozen tensors, in every micro-batch of a step, and the ratios are ignored. With hybrid True
+            the ratios decide how much each action freezes and the signal which tensors (its `preferred`
+            ones first, METHOD.md section 5).
 
     A plan can change during training (`set_plan`, the online mode): windows and the ramp then count from the
     step the new plan starts ("epoch"). `set_probe` freezes whole micro-batches on every stage for measuring
@@ -140,6 +144,8 @@ class Freezer:
         ramp_steps: int = 0,
         policy: str = AUTO,
         max_stale_steps: int = 0,
+        signal=None,
+        hybrid: bool = False,
     ) -> None:
         assert redraw_every >= 1 and ramp_steps >= 0 and max_stale_steps >= 0 and policy in POLICIES
         self.stage_candidates = stage_candidates
@@ -157,6 +163,8 @@ class Freezer:
         """The step the plan in force started at."""
         self.probe: tuple[int, int] | None = None
         """(first step, micro-batches per step) while probing (probe_microbatches), else None."""
+        self.signal, self.hybrid = signal, hybrid
+        self._fixed: tuple[int, dict[int, Selection]] = (-1, {})  # a baseline's step -> stage -> Selection
 
     def set_plan(self, ratios: Mapping[tuple[int, int], float], start_step: int, ramp_steps: int) -> None:
         """Apply new planned ratios from `start_step`, ramped over `ramp_steps`; ends a probe."""
@@ -190,6 +198,13 @@ class Freezer:
         if self.probe is not None and step >= self.probe[0]:
             everything = range(len(self.stage_candidates[stage])) if mb in self.probe_microbatches(step) else ()
             return self._selection(stage, set(everything))
+        if self.signal is not None and not self.hybrid:  # a baseline alone: its tensors in every micro-batch
+            if self._fixed[0] != step:
+                self._fixed = (step, {})
+            if stage not in self._fixed[1]:
+                names = self.signal.frozen(step, stage)
+                self._fixed[1][stage] = self._selection(stage, {self._index(stage, n) for n in names})
+            return self._fixed[1][stage]
         assert step >= self.epoch, "a step before the plan in force"
         window = (step - self.epoch) // self.redraw_every
         sel = self._window_plan(stage, window)[step - self.epoch - window * self.redraw_every][mb]
@@ -198,6 +213,16 @@ class Freezer:
             if forced:
                 sel = self._selection(stage, {self._index(stage, n) for n in sel.names - forced})
         return sel
+
+    def before_optimizer(self, step: int, modules: dict) -> None:
+        """The step's gradients are complete (a baseline reads them, or snapshots the parameters)."""
+        if self.signal is not None:
+            self.signal.before_optimizer(step, modules)
+
+    def after_optimizer(self, step: int, modules: dict) -> None:
+        """The parameters are updated (a baseline reads the update and may change its frozen set)."""
+        if self.signal is not None:
+            self.signal.after_optimizer(step, modules)
 
     def end_step(self, step: int, frozen_counts: Mapping[tuple[int, str], int]) -> None:
         """Record what step `step` realised: (stage, name) -> micro-batches in which it was frozen."""
@@ -220,6 +245,11 @@ class Freezer:
         rng = random.Random(f"{self.seed}/{window}/{stage}")  # str seeds hash deterministically
         if not cands:
             cells = [[frozenset()] * m for _ in range(w)]
+        elif self.signal is not None:  # hybrid: the baseline's candidates first, as prefixes of weighted orders
+            first = self.epoch + window * w
+            preferred = {self._index(stage, n) for n in self.signal.preferred(first, stage)}
+            orders = [[allocate.preferring_order(len(cands), preferred, rng) for _ in range(m)] for _ in range(w)]
+            cells = allocate.prefix(costs, lambda t, j: orders[t][j], allowance)
         elif mode == SKIP:
             start = self._window_debt(stage, window)
             skip, end = allocate.skip_steps(allowance, start)
@@ -295,6 +325,7 @@ class Freezer:
             "ramp_steps": self.ramp_steps, "probe": list(self.probe) if self.probe else None,
             "debt": {s: [w, list(start)] for s, (w, start, _) in self._debt.items()},
             "stats": {s: st.state_dict() for s, st in self.stats.items()},
+            "signal": self.signal.state_dict() if self.signal is not None else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -304,6 +335,8 @@ class Freezer:
         self._debt = {int(s): (int(w), [float(x) for x in d], None) for s, (w, d) in state.get("debt", {}).items()}
         for s, st in state.get("stats", {}).items():
             self.stats[int(s)].load_state_dict(st)
+        if self.signal is not None and state.get("signal") is not None:
+            self.signal.load_state_dict(state["signal"])
         self._plans.clear()
         self._forced = (-1, {})
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tfrun.config import TrainConfig
+from tfrun.config import PLANNED, TrainConfig
 from tfrun.errors import TfrunError
 
 
@@ -48,9 +48,17 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
     m = sched.num_microbatches
     microbatch_size = _microbatch_size(global_batch, m, microbatch_size)
     dag = plan.dag
-    ratios = {str(a): r for a, r in zip(dag.actions, plan.ratios) if r > 0} if freeze == "plan" else {}
-    predicted = {"plan": plan.predicted.planned_ms, "none": plan.predicted.no_freeze_ms,
-                 "all": plan.predicted.all_frozen_ms}.get(freeze)
+    if freeze == "uniform":  # schedule-blind: every freezable action at the plan's overall mean ratio
+        mean = plan.predicted.mean_freeze_ratio
+        ratios = {str(dag.actions[v]): mean for v, ok in enumerate(dag.freeze_mask()) if ok and mean > 0}
+    elif freeze in PLANNED:
+        ratios = {str(a): r for a, r in zip(dag.actions, plan.ratios) if r > 0}
+    else:
+        ratios = {}
+    # The baselines' freezing is decided during the run: no prediction for apf and autofreeze.
+    predicted = {"plan": plan.predicted.planned_ms, "timely+apf": plan.predicted.planned_ms,
+                 "timely+autofreeze": plan.predicted.planned_ms, "uniform": plan.predicted.uniform_ms,
+                 "none": plan.predicted.no_freeze_ms, "all": plan.predicted.all_frozen_ms}.get(freeze)
     base = profile_mod.Profile(name=plan.profile_name, source={"kind": "plan"}, p2p_ms=dag.p2p_ms,
                                dispatch_ms=dag.dispatch_ms, step_overhead_ms=dag.step_overhead_ms,
                                stages=dag.stage_costs)
@@ -84,6 +92,8 @@ def _checked(config: TrainConfig) -> TrainConfig:
     from tfrun.data import load_corpus
 
     config.check()
+    if config.init_from is not None and not (Path(config.init_from) / "checkpoints" / "latest.json").exists():
+        raise TfrunError(f"--init-from {config.init_from}: no checkpoint there (checkpoints/latest.json missing)")
     load_corpus(config.data_path)  # fail before launching if --data is missing or too short
     if config.resume and not (Path(config.out_dir) / "checkpoints" / "latest.json").exists():
         raise TfrunError(f"--resume {config.out_dir}: no checkpoint there (checkpoints/latest.json missing)")

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from tfplan.actions import FREEZABLE, parse_action
 from tfrun import checkpoint, measure
-from tfrun.config import TrainConfig
+from tfrun.config import PLANNED, TrainConfig
 from tfrun.data import Batches, encode, eval_batches, load_corpus, split_tokens
 from tfrun.errors import TfrunError
 from tfrun.freezing import Freezer, candidates
@@ -55,15 +55,18 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
     cfg = MODELS[config.model]
     local = [s for s, r in enumerate(config.stage_to_rank) if r == rank]
     modules = {s: build_stage(cfg, s, config.num_stages, config.seed, device=device) for s in local}
+    stage_candidates = {s: candidates(m) for s, m in modules.items()}
     freezer = Freezer(
-        {s: candidates(m) for s, m in modules.items()},
+        stage_candidates,
         planned_ratios(config, local),
         num_microbatches=config.num_microbatches,
         seed=config.seed,
         redraw_every=config.redraw_every,
-        ramp_steps=config.ramp_steps if config.freeze in ("plan", "timely") else 0,
+        ramp_steps=config.ramp_steps if config.freeze in PLANNED + ("timely",) else 0,
         policy=config.freeze_policy,
         max_stale_steps=config.max_stale_steps,
+        signal=baseline_signal(config, stage_candidates),
+        hybrid=config.freeze.startswith("timely+"),
     )
     timer, state = ActionTimer(rank, device), StepState(freezing=config.freeze != "none")
     stages = [
@@ -87,6 +90,8 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
     start = 0
     if config.resume:
         start, metrics = checkpoint.load(out, rank, modules, optimizer, batches, freezer, online)
+    elif config.init_from is not None:
+        checkpoint.load_weights(Path(config.init_from), rank, modules)
     if online is not None and rank == 0:
         print(online.describe(), flush=True)
 
@@ -118,7 +123,7 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         t0 = time.perf_counter()
         runtime.step(*((x.to(device),) if has_first else ()),
                      **({"target": y.to(device), "losses": losses} if has_last else {}))
-        timer.span("optimizer", _optimizer_step, optimizer, modules, state, config)
+        timer.span("optimizer", _optimizer_step, optimizer, modules, state, config, freezer, step)
         dist.barrier()
         step_ms = (time.perf_counter() - t0) * 1e3
         timer.end_step()
@@ -194,11 +199,32 @@ def _gather_shares(state: StepState, num_stages: int, m: int) -> list[float]:
     return per_stage
 
 
-def _optimizer_step(optimizer, modules: dict, state: StepState, config: TrainConfig) -> None:
-    """The step's tail on this rank: --grad-rescale, the optimizer step and zero_grad (timed as "optimizer")."""
+def baseline_signal(config: TrainConfig, stage_candidates: dict):
+    """The APF or AutoFreeze signal the freeze mode uses (tfrun.baselines), or None."""
+    from tfrun import baselines
+
+    kind = config.freeze.removeprefix("timely+")
+    if kind == baselines.APF:
+        return baselines.APFSignal(stage_candidates, baselines.APFConfig(
+            threshold=config.apf_threshold, ema=config.apf_ema, check_every=config.apf_check_every))
+    if kind == baselines.AUTOFREEZE:
+        cfg = MODELS[config.model]
+        layers = {baselines.layer_of(name) for s in range(config.num_stages)
+                  for name, _ in build_stage(cfg, s, config.num_stages, config.seed, device="meta").named_parameters()}
+        return baselines.AutoFreezeSignal(stage_candidates, sorted(layers), baselines.AutoFreezeConfig(
+            percentile=config.autofreeze_percentile, check_every=config.autofreeze_check_every))
+    return None
+
+
+def _optimizer_step(optimizer, modules: dict, state: StepState, config: TrainConfig, freezer: Freezer,
+                    step: int) -> None:
+    """The step's tail on this rank: --grad-rescale, a baseline's look at the gradients, the optimizer step,
+    the baseline's look at the update, and zero_grad (timed as "optimizer")."""
     if config.grad_rescale:
         _rescale(modules, state, config.num_microbatches)
+    freezer.before_optimizer(step, modules)
     optimizer.step()
+    freezer.after_optimizer(step, modules)
     optimizer.zero_grad(set_to_none=True)
 
 

@@ -1,0 +1,115 @@
+"""`tfrun compare` on synthetic run folders (the files a run writes), and the baselines end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import torch_or_skip
+
+
+def _run_dir(root: Path, name: str, freeze: str, step_ms: float, evals: dict[int, float], ratio: float = 0.0,
+             **config) -> Path:
+    folder = root / name
+    folder.mkdir()
+    cfg = {"model": "tiny", "data_path": None, "seed": 0, "microbatch_size": 4, "seq_len": 128,
+           "num_microbatches": 8, "init_from": None, "freeze": freeze, "freeze_policy": "auto",
+           "grad_rescale": False, "max_freeze_ratio": [0.9]} | config
+    (folder / "run_config.json").write_text(json.dumps(cfg))
+    rows = []
+    for step in range(max(evals) + 1):
+        row = {"step": step, "loss": 3.0 - 0.01 * step, "step_time_ms": step_ms, "tokens_per_s": 4096 / step_ms * 1e3,
+               "freeze_ratio": [ratio / 2, ratio * 1.5], "timed": True}
+        if step in evals:
+            row["eval_loss"] = evals[step]
+        rows.append(row)
+    rows.insert(3, {"event": "phase", "phase": "stable", "step": 3, "time": 0.0})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "summary.json").write_text(json.dumps({
+        "tokens_per_s": 4096 / step_ms * 1e3, "final_train_loss": rows[-1]["loss"],
+        "final_eval_loss": evals[max(evals)], "realised_freeze_ratio": [ratio / 2, ratio * 1.5]}))
+    return folder
+
+
+def _runs(tmp_path: Path) -> list[Path]:
+    return [
+        _run_dir(tmp_path, "none", "none", 500.0, {4: 2.0, 9: 1.5}),
+        _run_dir(tmp_path, "timely", "timely", 400.0, {4: 1.9, 9: 1.4}, ratio=0.4),  # reaches 1.5 at step 9
+        _run_dir(tmp_path, "apf", "apf", 450.0, {4: 2.2, 9: 1.6}, ratio=0.2),
+    ]
+
+
+def test_table_json_and_time_to_target(tmp_path):
+    from tfrun import compare
+
+    runs = [compare.load_run(p) for p in _runs(tmp_path)]
+    result = compare.compare(runs, compare.pick_baseline(runs, None))
+    assert result["baseline"].endswith("none") and result["target_eval_loss"] == 1.5
+    none, timely, apf = result["runs"]
+    assert none["speedup"] == 1.0 and timely["speedup"] == pytest.approx(1.25)
+    assert timely["method"] == "timely cap 0.9" and apf["method"] == "apf"
+    assert none["time_to_target_s"] == pytest.approx(10 * 0.5)  # 10 steps of 500 ms, eval at step 9
+    assert timely["time_to_target_s"] == pytest.approx(10 * 0.4)  # 1.4 at step 9 (1.9 at step 4 is not yet)
+    assert apf["time_to_target_s"] is None and apf["eval_gap"] == pytest.approx(0.1 / 1.5)
+    assert timely["mean_freeze_ratio"] == pytest.approx(0.4)  # mean over stages (0.2, 0.6) and steps
+
+
+def test_the_command_line_prints_writes_json_and_a_png(tmp_path):
+    from typer.testing import CliRunner
+
+    from tfrun.cli import app
+
+    dirs = [str(p) for p in _runs(tmp_path)]
+    out = tmp_path / "c.png"
+    result = CliRunner().invoke(app, ["compare", *dirs, "--json", "--plot", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert [Path(r["dir"]).name for r in data["runs"]] == ["none", "timely", "apf"]
+    for row, folder in zip(data["runs"], dirs):  # consistent with each run's summary.json
+        summary = json.loads((Path(folder) / "summary.json").read_text())
+        assert row["tokens_per_s"] == summary["tokens_per_s"]
+        assert row["final_eval_loss"] == summary["final_eval_loss"]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    human = CliRunner().invoke(app, ["compare", *dirs, "--per-stage"])
+    assert human.exit_code == 0 and "not reached" in human.output and "0.20 0.60" in human.output
+
+
+def test_incomparable_runs_are_refused_unless_forced(tmp_path):
+    from typer.testing import CliRunner
+
+    from tfrun.cli import app
+
+    a = _run_dir(tmp_path, "a", "none", 500.0, {4: 2.0})
+    b = _run_dir(tmp_path, "b", "plan", 400.0, {4: 2.1}, seed=1)
+    result = CliRunner().invoke(app, ["compare", str(a), str(b)])
+    assert result.exit_code == 1 and "seed is 0" in result.output and "--force" in result.output
+    assert CliRunner().invoke(app, ["compare", str(a), str(b), "--force"]).exit_code == 0
+    c = _run_dir(tmp_path, "c", "plan", 400.0, {4: 2.1})
+    result = CliRunner().invoke(app, ["compare", str(b), str(c), "--force"])
+    assert result.exit_code == 1 and "--baseline" in result.output  # no --freeze none run among them
+    assert "not a finished tfrun run" in CliRunner().invoke(app, ["compare", str(a), str(tmp_path)]).output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("freeze", ["apf", "autofreeze", "uniform", "timely+apf"])
+def test_each_baseline_freezes_something_and_trains(tmp_path, freeze):
+    torch_or_skip()
+    from tfplan import dag, plan, profile, schedules, solver
+
+    prof = profile.uniform(2, name="unit")
+    d = dag.build(schedules.generate("1f1b", 2, 4), prof)
+    plan_path = tmp_path / "plan.json"
+    plan.write(plan.make_plan(d, solver.solve(d, 0.9), [0.9, 0.9], prof), plan_path)
+    out = tmp_path / freeze
+    cmd = [sys.executable, "-m", "tfrun", "train", "--plan", str(plan_path), "--freeze", freeze, "--steps", "60",
+           "--out", str(out), "--microbatch-size", "2", "--seq-len", "32", "--quiet", "--eval-every", "30",
+           "--apf-check-every", "5", "--autofreeze-check-every", "5", "--lr", "1e-3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum(rows[-1]["freeze_ratio"]) > 0  # something is frozen by the end
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5  # and it trains

@@ -1,0 +1,171 @@
+"""`tfrun compare DIR...`: what each freezing method buys and costs, from the runs' own files.
+
+One row per run: method, tokens/s and speedup against the baseline (the `--freeze none` run among them, or
+`--baseline DIR`), the realised mean freeze ratio (over stages and steps), final train and eval loss, the
+eval gap to the baseline and the time to target: the training wall time (the sum of step times, evaluation
+excluded, as every run evaluates alike) until the run's eval loss first reaches the baseline's final eval
+loss, or None. Runs that are not comparable (model, data, seed, batch shape) are refused unless forced.
+Reads only files (metrics.jsonl, summary.json, run_config.json); no torch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfplan.fileio import write_bytes_atomic
+from tfrun.errors import TfrunError
+
+COMPARABLE = ("model", "data_path", "seed", "microbatch_size", "seq_len", "num_microbatches", "init_from")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Run:
+    """One run directory, read."""
+
+    dir: str
+    config: dict
+    summary: dict
+    steps: list[dict]
+    """metrics.jsonl's per-step records (events left out)."""
+
+    @property
+    def method(self) -> str:
+        """A short name: the freeze mode, its cap and the options that change what it does."""
+        c = self.config
+        freeze = c.get("freeze", "plan")
+        name = freeze
+        if freeze in ("plan", "timely", "uniform", "timely+apf", "timely+autofreeze"):
+            caps = _caps(self)
+            if caps:
+                name += f" cap {caps}"
+        if c.get("grad_rescale"):
+            name += " +rescale"
+        if c.get("freeze_policy", "auto") != "auto" and freeze not in ("none", "apf", "autofreeze"):
+            name += f" ({c['freeze_policy']})"
+        return name
+
+    @property
+    def eval_points(self) -> list[tuple[int, float, float]]:
+        """(step, training seconds so far, eval loss) at every evaluation."""
+        out, seconds = [], 0.0
+        for row in self.steps:
+            seconds += row["step_time_ms"] / 1e3
+            if "eval_loss" in row:
+                out.append((row["step"], seconds, row["eval_loss"]))
+        return out
+
+    @property
+    def mean_freeze_ratio(self) -> float:
+        """Realised mean over stages and steps."""
+        values = [statistics.fmean(row["freeze_ratio"]) for row in self.steps if row.get("freeze_ratio")]
+        return statistics.fmean(values) if values else 0.0
+
+
+def _caps(run: Run) -> str:
+    c = run.config
+    if c.get("freeze") == "timely":
+        caps = c.get("max_freeze_ratio") or []
+    else:
+        path = c.get("plan_path")
+        try:
+            caps = json.loads(Path(path).read_text())["max_freeze_ratio"] if path else []
+        except (OSError, ValueError, KeyError, TypeError):
+            caps = []
+    caps = sorted(set(caps))
+    return ",".join(f"{x:g}" for x in caps)
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a run directory; one clear line if it is not a finished tfrun run."""
+    folder = Path(path)
+    try:
+        config = json.loads((folder / "run_config.json").read_text())
+        summary = json.loads((folder / "summary.json").read_text())
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    except FileNotFoundError as exc:
+        raise TfrunError(f"{folder}: not a finished tfrun run ({Path(exc.filename).name} missing)") from None
+    except (OSError, ValueError) as exc:
+        raise TfrunError(f"{folder}: unreadable run files ({exc})") from None
+    steps = [r for r in rows if "event" not in r]
+    if not steps:
+        raise TfrunError(f"{folder}: metrics.jsonl has no steps")
+    return Run(dir=str(folder), config=config, summary=summary, steps=steps)
+
+
+def check_comparable(runs: list[Run]) -> None:
+    """Raises TfrunError naming the first setting that differs between runs."""
+    first = runs[0]
+    for run in runs[1:]:
+        for key in COMPARABLE:
+            if run.config.get(key) != first.config.get(key):
+                raise TfrunError(f"runs are not comparable: {key} is {first.config.get(key)!r} in {first.dir} but "
+                                 f"{run.config.get(key)!r} in {run.dir} (--force compares anyway)")
+
+
+def pick_baseline(runs: list[Run], baseline: str | None) -> Run:
+    if baseline is not None:
+        base = next((r for r in runs if Path(r.dir).resolve() == Path(baseline).resolve()), None)
+        return base if base is not None else load_run(baseline)
+    nones = [r for r in runs if r.config.get("freeze") == "none"]
+    if len(nones) != 1:
+        raise TfrunError(f"{'no' if not nones else 'several'} --freeze none runs among them: name the baseline "
+                         "with --baseline DIR")
+    return nones[0]
+
+
+def compare(runs: list[Run], base: Run) -> dict:
+    """The comparison as JSON: {"baseline": DIR, "runs": [...]} (module docstring)."""
+    target = base.summary.get("final_eval_loss")
+    rows = []
+    for run in runs:
+        s = run.summary
+        reached = next((sec for _, sec, loss in run.eval_points if target is not None and loss <= target), None)
+        rows.append({
+            "dir": run.dir, "method": run.method, "tokens_per_s": s["tokens_per_s"],
+            "speedup": s["tokens_per_s"] / base.summary["tokens_per_s"],
+            "mean_freeze_ratio": run.mean_freeze_ratio,
+            "freeze_ratio_per_stage": s.get("realised_freeze_ratio"),
+            "final_train_loss": s["final_train_loss"], "final_eval_loss": s.get("final_eval_loss"),
+            "eval_gap": (s["final_eval_loss"] - target) / target if target and s.get("final_eval_loss") else None,
+            "time_to_target_s": reached,
+        })
+    return {"baseline": base.dir, "target_eval_loss": target, "runs": rows}
+
+
+def plot(runs: list[Run], path: str | Path) -> None:
+    """Eval loss against step and against training time, tokens/s per step, realised ratio per stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    for run in runs:
+        pts = run.eval_points
+        label = f"{run.method} ({Path(run.dir).name})"
+        line = axes[0][0].plot([p[0] for p in pts], [p[2] for p in pts], marker=".", label=label)[0]
+        axes[0][1].plot([p[1] for p in pts], [p[2] for p in pts], marker=".", color=line.get_color())
+        axes[1][0].plot([r["step"] for r in run.steps], [r["tokens_per_s"] for r in run.steps],
+                        color=line.get_color(), alpha=0.7)
+        stages = len(run.steps[0].get("freeze_ratio") or [])
+        for s, style in zip(range(stages), ("-", "--", ":", "-.") * 8):
+            axes[1][1].plot([r["step"] for r in run.steps], [r["freeze_ratio"][s] for r in run.steps],
+                            linestyle=style, color=line.get_color())
+    titles = (("eval loss by step", "step", "eval loss"), ("eval loss by training time", "seconds", "eval loss"),
+              ("tokens/s per step", "step", "tokens/s"),
+              ("realised freeze ratio per stage (stage 0 solid, 1 dashed, 2 dotted, ...)", "step", "ratio"))
+    for ax, (title, x, y) in zip((a for row in axes for a in row), titles):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
