@@ -169,13 +169,16 @@ def test_times_from_flops_and_bytes():
         assert cost.backward_weight_ms == pytest.approx(w_ms)
         assert cost.backward_ms == pytest.approx(i_ms + w_ms)
         assert cost.backward_weight_frozen_ms == 0.0
+        # The tail: AdamW over the layer's parameters at HBM bandwidth; fp32 gradients to reduce across replicas.
+        assert cost.tail_ms == pytest.approx(w.params * 28 * byte_ms) and cost.grad_bytes == 4 * w.params
+    assert sum(w.params for w in work) == cm.parameter_count("llama3-8b")  # 8B: embedding and head untied
     # Blocks are pure compute in F: halving the mfu doubles their forward time.
     slow = cm.analytic_profile("llama3-8b", "h100", 2, 2048, mfu=0.25)
     assert slow.layers[5].forward_ms == pytest.approx(2 * p.layers[5].forward_ms)
     # p2p: B*T*d bf16 = 2*2048*4096*2 bytes over NVLink4 (450 GB/s) plus 5 us.
     assert p.p2p_ms == pytest.approx(33554432 / 450e9 * 1e3 + 0.005)
     assert p.source == {
-        "kind": "analytic", "formula": "tfplan.costmodel v1 (docs/cost-model.md)", "formula_version": 1,
+        "kind": "analytic", "formula": "tfplan.costmodel v2 (docs/cost-model.md)", "formula_version": 2,
         "model": "llama3.1-8b", "gpu": "h100", "mfu": 0.5, "link": "nvlink4", "microbatch_size": 2,
         "seq_len": 2048, "peak_bf16_tflops": 989.0, "hbm_gb_per_s": 3350.0, "link_gb_per_s": 450.0,
         "link_latency_us": 5.0,

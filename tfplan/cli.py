@@ -21,6 +21,8 @@ from tfplan import simulate as simulate_mod
 from tfplan.cli_options import (  # noqa: F401 - out and user_errors are also tfrun's
     Backend,
     CapsOpt,
+    DpLinkOpt,
+    DpOpt,
     JsonOpt,
     LayersPerStageOpt,
     MicrobatchesOpt,
@@ -85,6 +87,8 @@ def simulate_cmd(
     schedule_csv: ScheduleCsvOpt = None,
     ranks: RanksOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
+    dp: DpOpt = 1,
+    dp_link: DpLinkOpt = None,
     freeze_ratio: Annotated[
         float, typer.Option("--freeze-ratio", help="Freeze every B/W action at this ratio (naive uniform baseline).")
     ] = 0.0,
@@ -101,7 +105,8 @@ def simulate_cmd(
     with user_errors():
         if not 0.0 <= freeze_ratio <= 1.0:
             raise TfplanError(f"--freeze-ratio must be in [0, 1], got {freeze_ratio}")
-        spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage)
+        spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp,
+                        dp_link)
         prof, sched, dag = build(spec)
         sim = simulate_mod.simulate(dag, dag.durations(freeze_ratio))
         if trace:
@@ -205,6 +210,8 @@ def solve_cmd(
     ranks: RanksOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
     max_freeze_ratio: CapsOpt = "0.9",
+    dp: DpOpt = 1,
+    dp_link: DpLinkOpt = None,
     target_speedup: Annotated[
         float | None,
         typer.Option("--target-speedup", help="Instead of the fastest plan: the least freezing reaching this speedup."),
@@ -225,7 +232,8 @@ def solve_cmd(
     from tfplan.job import solve_job
 
     with user_errors():
-        spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage)
+        spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp,
+                        dp_link)
         plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup, solver_backend.value, time_limit)
         csv_path = plan_mod.write(plan_obj, output) if output else None
         if as_json:
@@ -274,6 +282,10 @@ def whatif_cmd(
     stages_per_rank: StagesPerRankOpt = None,
     ranks: RanksOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
+    dp: Annotated[
+        str, typer.Option("--dp", help="Comma-separated data-parallel degrees (gradient reduction in the tails).")
+    ] = "1",
+    dp_link: DpLinkOpt = None,
     csv_out: Annotated[str | None, typer.Option("--csv", help="Write the table as CSV here.")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of speedup against cap per schedule.")] = None,
     as_json: JsonOpt = False,
@@ -296,12 +308,13 @@ def whatif_cmd(
             schedules.get_spec(name)
         counts = split_list(microbatches, "--microbatches", int)
         cap_values = split_list(caps, "--caps", float)
+        dps = split_list(dp, "--dp", int)
         sweep_mod.check_caps_list(cap_values)
         check_time_limit(time_limit)
         from tfplan.profile import load
 
         load(profile)  # fail on a bad profile before the progress bar appears
-        total = len(names) * len(counts) * len(cap_values)
+        total = len(names) * len(counts) * len(cap_values) * len(dps)
         live = not as_json and sys.stderr.isatty()
         with Progress(console=Console(stderr=True), transient=True, disable=not live) as progress:
             task = progress.add_task("solving", total=total)
@@ -316,6 +329,8 @@ def whatif_cmd(
                 on_row=lambda row: progress.advance(task),
                 backend=solver_backend.value,
                 time_limit_s=time_limit,
+                dps=dps,
+                dp_link=dp_link,
             )
         if csv_out:
             write_text_atomic(csv_out, sweep_mod.to_csv(rows))

@@ -64,7 +64,18 @@ def parse_int_list(text: str | None, option: str) -> list[int] | None:
     return None if text is None else split_list(text, option, int)
 
 
-def job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage) -> JobSpec:
+DpOpt = Annotated[
+    int, typer.Option("--dp", help="Data-parallel replicas of the pipeline: each rank's gradient reduction joins "
+                                   "its tail (tfplan.dataparallel).", min=1)
+]
+DpLinkOpt = Annotated[
+    str | None, typer.Option("--dp-link", help="Link between replicas for --dp: ib, nvlink, pcie (the profile's "
+                                               "GPU), a generation (ib-ndr, ...) or GBPS:LATENCY_US.")
+]
+
+
+def job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp=1,
+             dp_link=None) -> JobSpec:
     return JobSpec(
         profile_path=profile,
         schedule=schedule,
@@ -73,6 +84,8 @@ def job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ran
         stages_per_rank=stages_per_rank,
         num_ranks=ranks,
         layers_per_stage=parse_int_list(layers_per_stage, "--layers-per-stage"),
+        dp=dp,
+        dp_link=dp_link,
     )
 
 

@@ -20,7 +20,7 @@ from tfplan.errors import TfplanError
 from tfplan.hardware import GpuSpec, LinkSpec, ModelShape, get_gpu, get_link, get_model
 from tfplan.profile import Profile, StageCost
 
-FORMULA_VERSION = 1
+FORMULA_VERSION = 2
 """Bumped whenever a formula or constant changes, so a profile names the model it came from."""
 DEFAULT_MFU = 0.40
 """Achieved fraction of peak bf16 FLOP/s; Llama 3 paper, Table 4: 38-43% BF16 MFU on H100 (docs)."""
@@ -32,6 +32,12 @@ CE_FORWARD_BYTES_PER_LOGIT = 14
 """Cross-entropy forward: cast bf16 logits to fp32 (2 + 4), log-softmax (4 + 4); bytes per logit."""
 CE_BACKWARD_BYTES_PER_LOGIT = 22
 """Cross-entropy backward: nll grad (4), log-softmax grad (4 + 4 + 4), cast back to bf16 (4 + 2)."""
+OPTIMIZER_BYTES_PER_PARAM = 28
+"""AdamW step, memory-bound: reads fp32 master weight, gradient and both moments (16), writes the weight and
+both moments (12). The step's tail after each rank's last action (tfplan.dag Note [rank tails])."""
+GRAD_REDUCE_BYTES_PER_PARAM = 4
+"""Bytes per parameter that data parallelism reduces across replicas (fp32 gradients, torchtitan's default
+reduce dtype); tfplan.dataparallel turns them into time."""
 
 # Note [memory terms]: the mfu is measured end to end on transformer blocks, so it already folds in the
 # elementwise kernels (norms, rotary, SwiGLU product, residual adds), whose bytes scale with the matmuls'
@@ -59,6 +65,8 @@ class LayerWork:
     """I: bytes of memory-bound work outside the mfu."""
     backward_weight_bytes: float = 0.0
     """W: bytes of memory-bound work outside the mfu (gradient accumulation, dense embedding gradient)."""
+    params: float = 0.0
+    """Trainable parameters (the optimizer's work and the data-parallel reduction scale with them)."""
 
 
 def parameter_count(model: str | Any) -> int:
@@ -124,7 +132,8 @@ def layer_work(model: str | Any, microbatch_size: int, seq_len: int) -> tuple[La
     # Embedding: a gather reads and writes tokens x d; its gradient zero-fills a dense V x d tensor
     # (2 bytes/element), index-adds tokens x d rows (6 bytes/element) and accumulates into .grad.
     embed_grad = (BF16_BYTES + GRAD_ACCUMULATE_BYTES) * vocab * d + 3.0 * BF16_BYTES * tokens * d
-    embed = LayerWork(name="embed", forward_bytes=2.0 * BF16_BYTES * tokens * d, backward_weight_bytes=embed_grad)
+    embed = LayerWork(name="embed", forward_bytes=2.0 * BF16_BYTES * tokens * d, backward_weight_bytes=embed_grad,
+                      params=float(vocab * d))
     block_accumulate = GRAD_ACCUMULATE_BYTES * float(_block_params(m))
     blocks = [
         LayerWork(
@@ -133,6 +142,7 @@ def layer_work(model: str | Any, microbatch_size: int, seq_len: int) -> tuple[La
             backward_weight_flops=linear,
             backward_input_flops=linear + 2.0 * attention,
             backward_weight_bytes=block_accumulate,
+            params=float(_block_params(m)),
         )
         for i in range(m.num_layers)
     ]
@@ -148,6 +158,7 @@ def layer_work(model: str | Any, microbatch_size: int, seq_len: int) -> tuple[La
         forward_bytes=CE_FORWARD_BYTES_PER_LOGIT * logits,
         backward_input_bytes=CE_BACKWARD_BYTES_PER_LOGIT * logits,
         backward_weight_bytes=GRAD_ACCUMULATE_BYTES * float(vocab * d + d),
+        params=float(vocab * d + d),
     )  # matrix + norm
     return (embed, *blocks, head)
 
@@ -197,7 +208,9 @@ def analytic_profile(
     """A per-layer Profile ([embed, block0..block{L-1}, head]) predicted from FLOPs and bytes.
 
     Per layer: backward_ms = I + W, backward_frozen_ms = backward_input_ms = I, backward_weight_ms = W,
-    backward_weight_frozen_ms = 0. partition_layers applies the stage-0 rule (no input gradient).
+    backward_weight_frozen_ms = 0, tail_ms = the AdamW step over its parameters (memory-bound,
+    OPTIMIZER_BYTES_PER_PARAM), grad_bytes = GRAD_REDUCE_BYTES_PER_PARAM per parameter.
+    partition_layers applies the stage-0 rule (no input gradient).
 
     Args:
         model: a model name (see MODELS; aliases such as 'llama3-8b') or any shape object.
@@ -243,6 +256,8 @@ def analytic_profile(
                 backward_input_ms=input_ms,
                 backward_weight_ms=weight_ms,
                 backward_weight_frozen_ms=0.0,
+                tail_ms=w.params * OPTIMIZER_BYTES_PER_PARAM * byte_ms,
+                grad_bytes=w.params * GRAD_REDUCE_BYTES_PER_PARAM,
             )
         )
     source = {

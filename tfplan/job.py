@@ -33,6 +33,10 @@ class JobSpec:
     """Pipeline ranks; inferred from a per-stage profile, required for a per-layer one."""
     layers_per_stage: Sequence[int] | None = None
     """Explicit split of a per-layer profile."""
+    dp: int = 1
+    """Data-parallel replicas of the pipeline (tfplan.dataparallel)."""
+    dp_link: str | None = None
+    """The link between replicas (tfplan.dataparallel.parse_link); needed when dp differs from the profile's."""
 
 
 def resolve_schedule(spec: JobSpec, profile: profile_mod.Profile) -> schedules.Schedule:
@@ -69,9 +73,18 @@ def resolve_schedule(spec: JobSpec, profile: profile_mod.Profile) -> schedules.S
     return schedules.generate(sched_spec.name, ranks, spec.num_microbatches, v)
 
 
+def load_profile(spec: JobSpec) -> profile_mod.Profile:
+    """The job's profile, with the gradient reduction of `spec.dp` replicas in its tails."""
+    from tfplan import dataparallel
+
+    profile = profile_mod.load(spec.profile_path)
+    link = dataparallel.parse_link(spec.dp_link, profile) if spec.dp_link else None
+    return dataparallel.with_dp(profile, spec.dp, link)
+
+
 def build(spec: JobSpec) -> tuple[profile_mod.Profile, schedules.Schedule, dag_mod.Dag]:
     """Load the profile, resolve the schedule and build the DAG."""
-    profile = profile_mod.load(spec.profile_path)
+    profile = load_profile(spec)
     schedule = resolve_schedule(spec, profile)
     return profile, schedule, dag_mod.build(schedule, profile, spec.layers_per_stage)
 

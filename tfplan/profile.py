@@ -36,7 +36,7 @@ COST_FIELDS = (
     "backward_weight_ms",
     "backward_weight_frozen_ms",
 )
-OPTIONAL_COST_FIELDS = ("tail_ms",)  # default 0 (and absent from version-1 files)
+OPTIONAL_COST_FIELDS = ("tail_ms", "grad_bytes")  # default 0 (and absent from version-1 files)
 QUALITY_KEYS = {"steps": int, "spread": dict, "max_spread": float, "replay_gap": float, "warnings": list}
 
 
@@ -60,6 +60,9 @@ class StageCost:
     """Work after its rank's last action attributable to this stage (its optimizer step; measured: the rank's
     time from its last action's end to its optimizer's end, split over its stages by parameter count). A
     rank's tail is the sum over its stages; the step ends when the slowest rank has finished its tail."""
+    grad_bytes: float = 0.0
+    """Bytes of this stage's gradients that data parallelism reduces across replicas each step (0: unknown;
+    tfplan.dataparallel adds the reduction to the tail)."""
     name: str = ""
     """Optional label (layer profiles: 'embed', 'block3', 'head')."""
 
@@ -84,6 +87,9 @@ class Profile:
     step_overhead_ms: float = 0.0
     """Time per step outside the DAG's actions and the ranks' optimizer tails (the step's start and final
     barrier), added to predicted step times."""
+    dp: int = 1
+    """The data-parallel degree whose gradient reduction the tails already include (a measured `--dp 2` run:
+    2); tfplan.dataparallel models other degrees from it."""
     quality: dict[str, Any] | None = None
     """How far to trust a measured profile: timed steps, per (stage, kind) relative spread ((p75 - p25) /
     median), the largest spread, the replay gap ((measured step - replayed step) / measured step) and the
@@ -102,6 +108,8 @@ class Profile:
             "dispatch_ms": self.dispatch_ms,
             "step_overhead_ms": self.step_overhead_ms,
         }
+        if self.dp != 1:
+            out["dp"] = self.dp
         if self.quality is not None:
             out["quality"] = self.quality
         key, items = ("stages", self.stages) if self.stages is not None else ("layers", self.layers)
@@ -151,6 +159,7 @@ def split_profile(profile: Profile, num_stages: int, layers_per_stage: Sequence[
         dispatch_ms=profile.dispatch_ms,
         step_overhead_ms=profile.step_overhead_ms,
         quality=profile.quality,
+        dp=profile.dp,
         stages=stages,
     )
 
@@ -274,7 +283,7 @@ def from_dict(obj: Any) -> Profile:
     version = obj.get("schema_version")
     if type(version) is not int or version not in READS_VERSIONS:
         raise TfplanError(f"schema_version: must be one of {READS_VERSIONS}, got {json.dumps(version)}")
-    new = {"dispatch_ms", "quality"} if version >= 2 else set()
+    new = {"dispatch_ms", "quality", "dp"} if version >= 2 else set()
     _check_keys(obj, "", top, {"source", "stages", "layers", "step_overhead_ms", *new})
     if not isinstance(obj["name"], str) or not obj["name"]:
         raise TfplanError("name: must be a non-empty string")
@@ -295,9 +304,16 @@ def from_dict(obj: Any) -> Profile:
         dispatch_ms=_number(obj.get("dispatch_ms", 0.0), "dispatch_ms"),
         step_overhead_ms=_number(obj.get("step_overhead_ms", 0.0), "step_overhead_ms"),
         quality=_quality(obj.get("quality")),
+        dp=_dp(obj.get("dp", 1)),
         stages=costs if key == "stages" else None,
         layers=costs if key == "layers" else None,
     )
+
+
+def _dp(value: Any) -> int:
+    if type(value) is not int or value < 1:
+        raise TfplanError(f"dp: must be an integer >= 1, got {json.dumps(value)}")
+    return value
 
 
 def _quality(obj: Any) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ KIND_STYLE = {
 KIND_NAME = {"F": "forward", "B": "full backward", "I": "input-grad backward", "W": "weight-grad backward"}
 MAX_PANELS = 40  # --gantt windows at most
 IDLE = "\u00b7"  # middle dot; the only non-ASCII glyph we print (rich renders it everywhere)
+TAIL = "~"  # a rank's tail after its last action
 
 
 def summary_table(dag: Dag, sim: Simulation, title: str) -> Table:
@@ -74,7 +75,8 @@ def _label(dag: Dag, node: int, width: int) -> str:
 
 def timeline(dag: Dag, sim: Simulation, width: int, span: tuple[float, float] | None = None) -> Text:
     """One row per rank, time flowing right; blocks coloured and lettered by kind (F/B/I/W) with the
-    micro-batch number where it fits; idle time dotted.
+    micro-batch number where it fits; a rank's tail after its last action (tfplan.dag Note [rank tails]:
+    optimizer, gradient reduction) as `~`; idle time dotted.
 
     Args:
         width: total columns including the row label.
@@ -101,6 +103,13 @@ def timeline(dag: Dag, sim: Simulation, width: int, span: tuple[float, float] | 
         row = rows[dag.rank[v]]
         for k in range(c1 - c0):
             row[c0 + k] = (text[k] if k < len(text) else " ", KIND_STYLE[kind])
+    for v, tail in dag.finish():
+        if tail <= 0:
+            continue
+        c0 = max(0, round((sim.end_ms[v] - t0) * scale))
+        c1 = min(cols, max(c0 + 1, round((sim.end_ms[v] + tail - t0) * scale)))  # at least a sliver
+        for k in range(c0, c1):
+            rows[dag.rank[v]][k] = (TAIL, "magenta")
     out = Text()
     for r, row in enumerate(rows):
         out.append(f"rank {r:<3}".ljust(label_w))
@@ -119,6 +128,7 @@ def legend(kinds: set[str]) -> Text:
             text.append(f" {kind} ", style=KIND_STYLE[kind])
             text.append(f" {KIND_NAME[kind]}  ")
     text.append(f"{IDLE} idle", style="dim")
+    text.append(f"  {TAIL} tail (optimizer, gradient reduction)", style="magenta")
     return text
 
 
@@ -235,9 +245,11 @@ def sweep_table(rows, title: str):
     from rich.console import Group
 
     table = Table(title=title, title_justify="left", show_edge=False)
+    with_dp = any(r.dp > 1 for r in rows)
     cols = (
         "schedule",
         "M",
+        *(("DP",) if with_dp else ()),
         "cap",
         "no-freeze ms",
         "planned ms",
@@ -256,12 +268,13 @@ def sweep_table(rows, title: str):
             if r.skipped not in reasons:
                 reasons.append(r.skipped)
             note = Text(f"n/a [{reasons.index(r.skipped) + 1}]", style="dim")
-            table.add_row(r.schedule, str(r.num_microbatches), f"{r.cap:g}", note)
+            table.add_row(r.schedule, str(r.num_microbatches), *((str(r.dp),) if with_dp else ()), f"{r.cap:g}", note)
             continue
         feasible = r.status == "FEASIBLE"
         table.add_row(
             r.schedule,
             str(r.num_microbatches),
+            *((str(r.dp),) if with_dp else ()),
             f"{r.cap:g}",
             f"{r.no_freeze_ms:.3f}",
             f"{r.planned_ms:.3f}",

@@ -23,6 +23,8 @@ class SweepRow:
     schedule: str
     num_microbatches: int
     cap: float
+    dp: int = 1
+    """Data-parallel replicas (their gradient reduction in the ranks' tails: tfplan.dataparallel)."""
     num_ranks: int | None = None
     num_stages: int | None = None
     skipped: str = ""
@@ -57,19 +59,35 @@ def sweep(
     on_row: Callable[[SweepRow], None] | None = None,
     backend: str = "auto",
     time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
+    dps: Sequence[int] = (1,),
+    dp_link: str | None = None,
 ) -> list[SweepRow]:
-    """Solve every combination; combinations a schedule cannot run, or without a feasible plan within the time
-    limit (per solve), are returned with `skipped` set.
+    """Solve every combination (x data-parallel degree); combinations a schedule cannot run, or without a
+    feasible plan within the time limit (per solve), are returned with `skipped` set.
 
     Raises:
-        TfplanError: a bad profile, unknown schedule name, cap outside [0, 1] or time limit (before any solving).
+        TfplanError: a bad profile, unknown schedule name, cap outside [0, 1], time limit, or a data-parallel
+            degree the profile cannot model (before any solving).
     """
-    profile = load(profile_path)
+    from tfplan import dataparallel
+
+    base = load(profile_path)
     check_caps_list(caps)
     check_backend(backend)
     check_time_limit(time_limit_s)
     for name in schedule_names:
         get_spec(name)  # an unknown name is the user's mistake, not a combination to skip
+    link = dataparallel.parse_link(dp_link, base) if dp_link else None
+    profiles = {dp: dataparallel.with_dp(base, dp, link) for dp in dps}
+    rows = []
+    for dp, profile in profiles.items():
+        rows += _sweep_one(profile_path, profile, dp, schedule_names, microbatches, caps, stages_per_rank,
+                           num_ranks, layers_per_stage, on_row, backend, time_limit_s)
+    return rows
+
+
+def _sweep_one(profile_path, profile, dp, schedule_names, microbatches, caps, stages_per_rank, num_ranks,
+               layers_per_stage, on_row, backend, time_limit_s) -> list[SweepRow]:
     rows = []
     for name in schedule_names:
         for m in microbatches:
@@ -86,7 +104,7 @@ def sweep(
                 dag = build(schedule, profile, layers_per_stage)
             except TfplanError as exc:  # this schedule cannot run these arguments: skip, saying why
                 for c in caps:
-                    row = SweepRow(schedule=name, num_microbatches=m, cap=c, skipped=str(exc).split("\n")[0])
+                    row = SweepRow(schedule=name, num_microbatches=m, cap=c, dp=dp, skipped=str(exc).split("\n")[0])
                     rows.append(row)
                     if on_row:
                         on_row(row)
@@ -95,7 +113,7 @@ def sweep(
                 try:
                     solution = solve_dag(dag, c, backend=backend, time_limit_s=time_limit_s)
                 except TimeLimitReached as exc:
-                    row = SweepRow(schedule=schedule.name, num_microbatches=m, cap=c, skipped=str(exc))
+                    row = SweepRow(schedule=schedule.name, num_microbatches=m, cap=c, dp=dp, skipped=str(exc))
                     rows.append(row)
                     if on_row:
                         on_row(row)
@@ -106,6 +124,7 @@ def sweep(
                     schedule=schedule.name,
                     num_microbatches=m,
                     cap=c,
+                    dp=dp,
                     num_ranks=schedule.num_ranks,
                     num_stages=schedule.num_stages,
                     no_freeze_ms=p.no_freeze_ms,
@@ -166,10 +185,11 @@ def plot(rows: Sequence[SweepRow], path: str) -> None:
     series: dict[tuple[str, int], list[SweepRow]] = {}
     for row in rows:
         if not row.skipped:
-            series.setdefault((row.schedule, row.num_microbatches), []).append(row)
-    for (name, m), items in series.items():
+            series.setdefault((row.schedule, row.num_microbatches, row.dp), []).append(row)
+    for (name, m, dp), items in series.items():
         items.sort(key=lambda r: r.cap)
-        (line,) = ax.plot([r.cap for r in items], [r.speedup for r in items], marker="o", label=f"{name}, M={m}")
+        label = f"{name}, M={m}" + (f", DP {dp}" if dp > 1 else "")
+        (line,) = ax.plot([r.cap for r in items], [r.speedup for r in items], marker="o", label=label)
         ax.plot(
             [r.cap for r in items],
             [r.uniform_speedup for r in items],

@@ -21,8 +21,8 @@ def format_grid(order: Sequence[Sequence[Action]], mark: tuple[int, int] | None 
     """Render the rank x step grid; the cell `mark` = (rank, step) is shown as ``>2B5<``.
 
     >>> print(format_grid([[Action(0, "F", 0), Action(0, "B", 0)]], mark=(0, 1)))
-    step       0     1
-    rank 0   0F0 >0B0<
+    step       0    1
+    rank 0  0F0 >0B0<
     """
     length = max((len(r) for r in order), default=0)
     lo, hi = 0, length
