@@ -152,6 +152,7 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
             if lo in got and hi not in got and b is None:
                 row[hi] = row[lo]  # keep the file valid (frozen <= unfrozen); source says what was measured
             row[lo] = min(row[lo], row[hi])
+        row["grad_bytes"] = 4.0 * stage_numel.get(s, 0)  # fp32 gradients: what data parallelism reduces
         rank = config.stage_to_rank[s]
         if rank in tails:
             on_rank = [t for t, r in enumerate(config.stage_to_rank) if r == rank]

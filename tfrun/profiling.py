@@ -113,6 +113,7 @@ def combine(root: Path, *, model: str, schedule: str, num_stages: int, split: bo
             backward_weight_ms=weight,
             backward_weight_frozen_ms=min(got(f"{split_src}-all", s, "backward_weight_frozen_ms"), weight),
             tail_ms=profiles["primary-none"].stages[s].tail_ms,
+            grad_bytes=profiles["primary-none"].stages[s].grad_bytes,
             name=f"stage {s}",
         ))
     base = profiles["primary-none"]
