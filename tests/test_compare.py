@@ -92,6 +92,10 @@ def test_incomparable_runs_are_refused_unless_forced(tmp_path):
     result = CliRunner().invoke(app, ["compare", str(b), str(c), "--force"])
     assert result.exit_code == 1 and "--baseline" in result.output  # no --freeze none run among them
     assert "not a finished tfrun run" in CliRunner().invoke(app, ["compare", str(a), str(tmp_path)]).output
+    other = _run_dir(tmp_path, "other-model", "none", 500.0, {4: 2.0}, model="small")  # a baseline outside them
+    d = _run_dir(tmp_path, "d", "apf", 450.0, {4: 2.2})
+    result = CliRunner().invoke(app, ["compare", str(c), str(d), "--baseline", str(other)])
+    assert result.exit_code == 1 and "model is 'small'" in result.output
 
 
 @pytest.mark.slow

@@ -48,7 +48,9 @@ def _run(tmp_path: Path, plan_path: Path, p: plan.Plan, slower: dict[str, float]
     run = tmp_path / "run"
     run.mkdir()
     order = [[str(a) for a in row] for row in p.schedule.order]
-    (run / "run_config.json").write_text(json.dumps({"order": order, "plan_path": str(plan_path), "freeze": "plan"}))
+    ratios = {str(a): r for a, r in zip(dag.actions, p.ratios) if r > 0}  # as tfrun.setup writes them
+    (run / "run_config.json").write_text(json.dumps({"order": order, "plan_path": str(plan_path), "freeze": "plan",
+                                                     "ratios": ratios}))
     actions = {str(a): {"rank": dag.rank[v], "start_ms": HEAD + start[v] + DISPATCH,
                         "duration_ms": dur[v] - DISPATCH, "spread": 0.0, "n": 5} for v, a in enumerate(dag.actions)}
     makespan = max(end) - (min(start) + DISPATCH)  # tfrun measures from the first compute start
@@ -107,6 +109,21 @@ def test_json_and_trace_from_the_command_line(tmp_path):
     assert len([e for e in events if e["ph"] == "X"]) == 2 * p.dag.num_nodes
     human = CliRunner().invoke(app, ["explain", str(run)])
     assert human.exit_code == 0 and "largest residuals" in human.output and "measured timeline" in human.output
+
+
+def test_uniform_runs_are_predicted_from_their_own_ratios_and_timely_runs_refused(tmp_path):
+    plan_path, p = _plan(tmp_path)
+    run = _run(tmp_path, plan_path, p, {})
+    config = json.loads((run / "run_config.json").read_text())
+    mean = p.predicted.mean_freeze_ratio
+    config |= {"freeze": "uniform", "ratios": {str(a): mean for v, a in enumerate(p.dag.actions)
+                                               if p.dag.freeze_mask()[v]}}
+    (run / "run_config.json").write_text(json.dumps(config))
+    ex = explain.explain(run, None)
+    assert ex.predicted_step_ms == pytest.approx(p.predicted.uniform_ms)
+    (run / "run_config.json").write_text(json.dumps(config | {"freeze": "timely"}))
+    result = CliRunner().invoke(app, ["explain", str(run)])
+    assert result.exit_code == 1 and "no fixed ratios" in result.output
 
 
 def test_bad_run_directories_are_one_line_errors(tmp_path):

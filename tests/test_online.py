@@ -53,6 +53,55 @@ def test_the_probe_freezes_whole_microbatches_and_covers_them_all():
     assert f.probe is None and f.selection(14, 0, 0).names == frozenset()
 
 
+def test_a_seed_plan_is_applied_after_the_warmup_even_without_a_ramp(tmp_path):
+    torch = torch_or_skip()
+    import torch.distributed as dist
+
+    from tfplan import dag, plan, profile, schedules, solver
+    from tfrun.config import TrainConfig
+    from tfrun.freezing import Candidate, Freezer
+    from tfrun.online import OnlinePlanner
+    from tfrun.timing import ActionTimer
+
+    prof = profile.uniform(2)
+    d = dag.build(schedules.generate("1f1b", 2, 4), prof)
+    seed = tmp_path / "seed.json"
+    plan.write(plan.make_plan(d, solver.solve(d, 0.9), [0.9, 0.9], prof), seed)
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'pg'}")
+    try:
+        for warmup in (0, 2):
+            config = TrainConfig(order=[[str(a) for a in r] for r in d.schedule.order], num_stages=2,
+                                 num_microbatches=4, stage_to_rank=[0, 1], freeze="timely", plan_path=str(seed),
+                                 warmup_steps=warmup, ramp_steps=0)
+            freezer = Freezer({s: [Candidate(name="w", cost=1.0)] for s in (0, 1)}, {}, num_microbatches=4, seed=0)
+            online = OnlinePlanner(config, freezer, ActionTimer(0, torch.device("cpu")), tmp_path / f"o{warmup}",
+                                   {0: 1, 1: 1})
+            for step in range(warmup + 1):
+                events = online.before_step(step)
+            assert [e["reason"] for e in events if e["event"] == "plan"] == ["seed plan"]
+            assert freezer.ratios and freezer.epoch == warmup
+    finally:
+        dist.destroy_process_group()
+
+
+def test_drift_leaves_out_partial_shares_and_scales_each_end_alone():
+    from tfplan import dag, plan, profile, schedules, solver
+    from tfrun.online import _drift, _scaled_profile
+
+    prof = profile.uniform(2, forward_ms=10.0, backward_ms=40.0, backward_frozen_ms=20.0)
+    d = dag.build(schedules.generate("1f1b", 2, 4), prof)
+    p = plan.make_plan(d, solver.solve(d, 0.5), [0.5, 0.5], prof)
+    # Stage 0's backward at a partial share saves far less than linear (a random subset there): ignored.
+    rows = [(s, f"0B{m}", 0, 0.0, 39.0, 0.75) for s in range(3) for m in range(4)]
+    rows += [(s, "0B1", 0, 0.0, 40.0, 0.0) for s in range(8)]  # unfrozen: as planned
+    rows += [(s, "1B2", 1, 0.0, 30.0, 1.0) for s in range(8)]  # frozen: 1.5x the planned 20 ms
+    rows += [(s, "1F0", 1, 0.0, 30.0, 0.0) for s in range(3)]  # too few samples to judge
+    drift = _drift(p, rows)
+    assert drift == pytest.approx({"0B": 1.0, "1B-frozen": 1.5})
+    scaled = _scaled_profile(p, drift, 0.1)
+    assert scaled.stages[1].backward_frozen_ms == pytest.approx(30.0) and scaled.stages[1].backward_ms == 40.0
+
+
 def test_drift_is_the_median_ratio_of_measured_to_planned_times():
     from tfplan import dag, plan, profile, schedules, solver
     from tfrun.online import _drift, _scaled_profile
@@ -61,10 +110,12 @@ def test_drift_is_the_median_ratio_of_measured_to_planned_times():
     d = dag.build(schedules.generate("1f1b", 2, 4), prof)
     p = plan.make_plan(d, solver.solve(d, 0.5), [0.5, 0.5], prof)
     rows = [(s, f"1F{m}", 1, 0.0, 15.0, 0.0) for s in range(3) for m in range(4)]  # stage 1 forward: 1.5x
+    rows += [(s, "0B0", 0, 0.0, 20.0, 0.0) for s in range(3, 9)]  # enough samples of each end (MIN_DRIFT_SAMPLES)
+    rows += [(s, "0B2", 0, 0.0, 10.0, 1.0) for s in range(3, 9)]
     rows += [(s, f"0B{m}", 0, 0.0, 20.0 - 10.0 * share, share) for s in range(3) for m, share in
-             enumerate((0.0, 0.5, 1.0, 0.25))]  # stage 0 backward exactly as planned at its realised share
+             enumerate((0.0, 0.5, 1.0, 0.25))]  # stage 0 backward exactly as planned at both ends
     drift = _drift(p, rows)
-    assert drift == pytest.approx({"1F": 1.5, "0B": 1.0})
+    assert drift == pytest.approx({"1F": 1.5, "0B": 1.0, "0B-frozen": 1.0})
     scaled = _scaled_profile(p, drift, 0.1)
     assert scaled.stages[1].forward_ms == pytest.approx(15.0) and scaled.stages[0].backward_ms == 20.0
 
@@ -103,10 +154,12 @@ def test_timely_runs_every_phase_and_plans_identically_on_every_rank(tmp_path):
 def test_a_stage_that_slows_down_triggers_a_replan_and_a_steady_one_does_not(tmp_path):
     torch_or_skip()
     runs = {}
-    for name, env in (("steady", {}), ("slowed", {"TFRUN_SLOW": "1:14:40"})):  # stage 1 F +40 ms from step 14
+    for name, env in (("steady", {}), ("slowed", {"TFRUN_SLOW": "1:14:60"})):  # stage 1 F +60 ms from step 14
         out = tmp_path / name
+        # At these test sizes (2 x 32 tokens) actions take a few ms and their times move by x2 under load, so
+        # the threshold is x4; the injection makes stage 1's forward about x10 (its mechanism is what is tested).
         proc = _timely(out, "--schedule", "1f1b", "--steps", "24", "--replan-window", "5", "--replan-threshold",
-                       "0.5", *SHORT, env=env)
+                       "3.0", *SHORT, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[name] = [r for r in _rows(out) if r.get("event") == "plan"]
     assert [p["reason"] for p in runs["steady"]] == ["first plan"]

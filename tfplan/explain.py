@@ -134,7 +134,14 @@ def explain(run_dir: str | Path, plan_path: str | Path | None = None) -> Explana
     if order != config["order"]:
         raise TfplanError(f"plan {path} has another schedule than run {run} (compare their orders)")
     freeze = config.get("freeze", "plan")
-    ratios = {"plan": list(plan.ratios), "none": [0.0] * dag.num_nodes, "all": [1.0] * dag.num_nodes}[freeze]
+    if freeze in ("plan", "uniform", "timely+apf", "timely+autofreeze"):  # the run's fixed ratios per action
+        run_ratios = config.get("ratios", {})
+        ratios = [run_ratios.get(str(a), 0.0) for a in dag.actions]
+    elif freeze in ("none", "all"):
+        ratios = [0.0 if freeze == "none" else 1.0] * dag.num_nodes
+    else:
+        raise TfplanError(f"{run}: a --freeze {freeze} run has no fixed ratios to predict from (explain runs of "
+                          "plan, uniform, none, all and the hybrids)")
     predicted = simulate(dag, dag.durations(ratios))
     measured = timings["actions"]
     missing = [str(a) for a in dag.actions if str(a) not in measured]

@@ -174,9 +174,11 @@ def skip_steps(allowance: Sequence[Sequence[float]], debt: Sequence[float]) -> t
         j = max(options, key=lambda j: (frac[j], -j))
         count[j] += 1
         frac[j] -= 1.0
+    # The stage's budget floors its total: share the shortfall in proportion to each action's allowance, so
+    # that the debts stay bounded and each action's long-run share approaches its own ratio.
     active = [j for j in range(m) if totals[j] > EPS]
-    shortfall = sum(want[j] - count[j] for j in active) / len(active) if active else 0.0
-    new_debt = [want[j] - count[j] - shortfall if j in active else 0.0 for j in range(m)]
+    gap, allowed = sum(want[j] - count[j] for j in active), sum(totals)
+    new_debt = [want[j] - count[j] - gap * totals[j] / allowed if j in active else 0.0 for j in range(m)]
     skip = [[False] * m for _ in range(w)]
     for j in range(m):
         for t in _spread(count[j], [allowance[t][j] for t in range(w)], (j + 0.5) / m):

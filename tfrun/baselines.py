@@ -167,7 +167,7 @@ class AutoFreezeSignal:
         return {n for (s, n), layer in self.local.items() if s == stage and layer in gone}
 
     def preferred(self, step: int, stage: int) -> set[str]:
-        """For the hybrid: the frozen front, plus the layers the next check would freeze as of the last one."""
+        """For the hybrid: the layers AutoFreeze has frozen so far (in the hybrid it freezes nothing itself)."""
         return self.frozen(step, stage)
 
     def before_optimizer(self, step: int, modules: dict[int, nn.Module]) -> None:

@@ -194,7 +194,7 @@ def compare_cmd(
         loaded = [compare.load_run(r) for r in runs]
         if not force:
             compare.check_comparable(loaded)
-        base = compare.pick_baseline(loaded, baseline)
+        base = compare.pick_baseline(loaded, baseline, force)
         result = compare.compare(loaded, base)
         if plot:
             compare.plot(loaded, plot)

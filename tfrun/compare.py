@@ -106,10 +106,15 @@ def check_comparable(runs: list[Run]) -> None:
                                  f"{run.config.get(key)!r} in {run.dir} (--force compares anyway)")
 
 
-def pick_baseline(runs: list[Run], baseline: str | None) -> Run:
+def pick_baseline(runs: list[Run], baseline: str | None, force: bool = False) -> Run:
+    """The baseline run: `baseline` (checked against the runs unless forced) or the --freeze none one."""
     if baseline is not None:
         base = next((r for r in runs if Path(r.dir).resolve() == Path(baseline).resolve()), None)
-        return base if base is not None else load_run(baseline)
+        if base is None:
+            base = load_run(baseline)
+            if not force:
+                check_comparable([base, *runs])
+        return base
     nones = [r for r in runs if r.config.get("freeze") == "none"]
     if len(nones) != 1:
         raise TfrunError(f"{'no' if not nones else 'several'} --freeze none runs among them: name the baseline "

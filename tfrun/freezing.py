@@ -164,6 +164,7 @@ class Freezer:
         self.probe: tuple[int, int] | None = None
         """(first step, micro-batches per step) while probing (probe_microbatches), else None."""
         self.signal, self.hybrid = signal, hybrid
+        self._preferred: dict[int, tuple[int, frozenset[str]]] = {}  # hybrid: stage -> (window, preferred names)
         self._fixed: tuple[int, dict[int, Selection]] = (-1, {})  # a baseline's step -> stage -> Selection
 
     def set_plan(self, ratios: Mapping[tuple[int, int], float], start_step: int, ramp_steps: int) -> None:
@@ -171,6 +172,7 @@ class Freezer:
         self.ratios, self.epoch, self.ramp_steps, self.probe = dict(ratios), start_step, ramp_steps, None
         self._plans.clear()
         self._debt.clear()
+        self._preferred.clear()
         self._forced = (-1, {})
 
     def set_probe(self, start_step: int, per_step: int) -> None:
@@ -246,8 +248,11 @@ class Freezer:
         if not cands:
             cells = [[frozenset()] * m for _ in range(w)]
         elif self.signal is not None:  # hybrid: the baseline's candidates first, as prefixes of weighted orders
-            first = self.epoch + window * w
-            preferred = {self._index(stage, n) for n in self.signal.preferred(first, stage)}
+            got = self._preferred.get(stage)
+            if got is None or got[0] != window:  # the signal as of the window's start (kept for a resume)
+                got = self._preferred[stage] = (window, frozenset(self.signal.preferred(self.epoch + window * w,
+                                                                                         stage)))
+            preferred = {self._index(stage, n) for n in got[1]}
             orders = [[allocate.preferring_order(len(cands), preferred, rng) for _ in range(m)] for _ in range(w)]
             cells = allocate.prefix(costs, lambda t, j: orders[t][j], allowance)
         elif mode == SKIP:
@@ -326,6 +331,7 @@ class Freezer:
             "debt": {s: [w, list(start)] for s, (w, start, _) in self._debt.items()},
             "stats": {s: st.state_dict() for s, st in self.stats.items()},
             "signal": self.signal.state_dict() if self.signal is not None else None,
+            "preferred": {s: [w, sorted(names)] for s, (w, names) in self._preferred.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -337,6 +343,7 @@ class Freezer:
             self.stats[int(s)].load_state_dict(st)
         if self.signal is not None and state.get("signal") is not None:
             self.signal.load_state_dict(state["signal"])
+        self._preferred = {int(s): (int(w), frozenset(n)) for s, (w, n) in state.get("preferred", {}).items()}
         self._plans.clear()
         self._forced = (-1, {})
 

@@ -27,6 +27,7 @@ Every phase start, the probe, each solve and re-plan are records of metrics.json
 
 from __future__ import annotations
 
+import datetime as dt
 import statistics
 import time
 from dataclasses import replace
@@ -40,11 +41,16 @@ from tfplan import plan as plan_mod
 from tfplan import profile as profile_mod
 from tfplan.actions import FREEZABLE, parse_action
 from tfplan.fileio import write_json_atomic
+from tfplan.lp import DEFAULT_TIME_LIMIT_S
 from tfrun import measure
 from tfrun.config import TrainConfig
 from tfrun.freezing import Freezer
 from tfrun.timing import ActionTime, ActionTimer, gather_records
 
+SOLVE_LIMIT_S = DEFAULT_TIME_LIMIT_S
+"""The in-run solve's time limit (tfplan solve's default); Note [solve timeout]."""
+MIN_DRIFT_SAMPLES = 8
+"""A (stage, kind) end with fewer samples in a drift window is not judged (one slow step is not a drift)."""
 FIELDS = {"F": ("forward_ms",), "B": ("backward_ms", "backward_frozen_ms"), "I": ("backward_input_ms",),
           "W": ("backward_weight_ms", "backward_weight_frozen_ms")}
 
@@ -79,6 +85,10 @@ class OnlinePlanner:
         """(step, predicted ms, reason) of every plan put in force."""
         self.solve_s: list[float] = []
         self.share_history: dict[tuple[int, str], float] = {}
+        # Note [solve timeout]: rank 0 solves while the others wait in a broadcast. The default group's
+        # collective timeout is short (a dead rank must be noticed quickly), so the plan travels in a group of
+        # its own whose timeout outlasts the solve's time limit.
+        self.group = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=SOLVE_LIMIT_S + 180))
         """(step, freezable action) -> the share it froze, for recent steps on this rank (Note [drift])."""
         if config.plan_path is not None:  # a seed plan: in force (ramped) from the end of the warm-up
             self.plan = plan_mod.to_dict(plan_mod.load(config.plan_path))
@@ -97,7 +107,7 @@ class OnlinePlanner:
                 events.append({"event": "phase", "phase": name, "step": step, "time": time.time()})
                 if name == "probe":
                     self.freezer.set_probe(step, max(1, self.config.num_microbatches // 4))
-                if name == "ramp" and self.plan is not None and not self.plans:  # the seed plan
+                if name != "warmup" and self.plan is not None and not self.plans:  # the seed plan, ramped
                     self._apply(self.plan, step, self.config.ramp_steps, "seed plan", events)
         return events
 
@@ -137,7 +147,7 @@ class OnlinePlanner:
                 share_of=share_of, replay_records=[r for r in all_records if r.step < monitor[1]])
             prof = _fill_unmeasured(prof, self.config)
             plan, solve_s = self._solve(prof)
-        plan, solve_s = _broadcast((plan, solve_s))
+        plan, solve_s = _broadcast((plan, solve_s), self.group)
         events = [{"event": "probe", "step": step, "probe_steps": probe[1] - probe[0], "time": time.time(),
                    "microbatches_per_step": self.freezer.probe[1]}]
         self._apply(plan, step + 1, self.config.ramp_steps, "first plan", events, solve_s)
@@ -151,7 +161,7 @@ class OnlinePlanner:
         dag = dag_mod.build(sched, prof)
         caps = c.max_freeze_ratio if len(c.max_freeze_ratio) > 1 else c.max_freeze_ratio * c.num_stages
         start = time.perf_counter()
-        solution = job.solve_dag(dag, caps)
+        solution = job.solve_dag(dag, caps, time_limit_s=SOLVE_LIMIT_S)
         solve_s = time.perf_counter() - start
         return plan_mod.to_dict(plan_mod.make_plan(dag, solution, caps, prof)), solve_s
 
@@ -193,11 +203,11 @@ class OnlinePlanner:
                 prof = _scaled_profile(plan_mod.from_dict(self.plan), drift, self.config.replan_threshold)
                 plan, solve_s = self._solve(prof)
                 decision = (plan, solve_s, drift)
-        decision = _broadcast(decision)
+        decision = _broadcast(decision, self.group)
         if decision is None:
             return []
         plan, solve_s, drift = decision
-        reason = "drift: " + ", ".join(f"stage {k[:-1]} {k[-1]} x{v:.2f}" for k, v in sorted(drift.items())
+        reason = "drift: " + ", ".join(f"stage {_describe(k)} x{v:.2f}" for k, v in sorted(drift.items())
                                        if abs(v - 1.0) > self.config.replan_threshold)
         events: list[dict] = []
         self._apply(plan, step + 1, 0, reason, events, solve_s)
@@ -256,7 +266,15 @@ class OnlinePlanner:
         stable_start = self.start("stable")
         stable = [row for row in steps if row["step"] >= stable_start and row.get("timed")]
         stable_ms = statistics.median(row["step_time_ms"] for row in stable) if stable else None
-        predicted = self.plan["predicted"]["planned_ms"] if self.plan is not None else None
+        # Each plan's prediction against the stable steps it was in force for (a re-plan starts a segment).
+        plans = []
+        for k, p in enumerate(self.plans):
+            end = self.plans[k + 1]["step"] if k + 1 < len(self.plans) else last + 1
+            segment = [row["step_time_ms"] for row in stable if p["step"] <= row["step"] < end]
+            measured = statistics.median(segment) if segment else None
+            plans.append(p | {"measured_ms": measured,
+                              "error": (measured - p["predicted_ms"]) / p["predicted_ms"] if measured else None})
+        last_plan = next((p for p in reversed(plans) if p["measured_ms"] is not None), None)
         total = sum(row["step_time_ms"] for row in steps)
         outside = sum(row["step_time_ms"] for row in steps if row["step"] < stable_start)
         in_stable = [row for row in steps if row["step"] >= stable_start]
@@ -267,18 +285,24 @@ class OnlinePlanner:
                                       else 0.0 for s in range(num_stages)],
             "phases": phases,
             "stable_step_time_ms": stable_ms,
-            "stable_predicted_step_ms": predicted,
-            "stable_prediction_error": (stable_ms - predicted) / predicted if stable_ms and predicted else None,
+            "stable_predicted_step_ms": last_plan["predicted_ms"] if last_plan else None,
+            "stable_prediction_error": last_plan["error"] if last_plan else None,
             "outside_stable_share": outside / total if total else None,
             "solve_s": self.solve_s,
-            "plans": self.plans,
+            "plans": plans,
             "replans": sum(1 for p in self.plans if p["reason"].startswith("drift")),
         }
 
 
-def _broadcast(obj):
+def _describe(key: str) -> str:
+    """A drift key in words: "1F" -> "1 F", "0B-frozen" -> "0 B frozen"."""
+    base, _, frozen = key.partition("-")
+    return f"{base[:-1]} {base[-1]}" + (" frozen" if frozen else "")
+
+
+def _broadcast(obj, group):
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
@@ -300,29 +324,39 @@ def _fill_unmeasured(prof: profile_mod.Profile, config: TrainConfig) -> profile_
 
 
 def _drift(plan: plan_mod.Plan, rows: list[tuple]) -> dict[str, float]:
-    """(stage, kind) key ("1F") -> median over the window of measured / expected duration (Note [drift])."""
+    """Note [drift]: key -> median over the window of measured / planned duration, where the key names a
+    (stage, kind) and which end of its linear model the samples measured: "1F" (F and I: fixed), "0B" (B or W
+    that froze nothing: its unfrozen time), "0B-frozen" (that froze everything: its frozen time). Samples at
+    partial shares are left out: how a partial share saves time depends on the policy (on stage 0 a random
+    subset saves little until everything is frozen), and the model's line must not be refitted to it."""
     dag = plan.dag
     node = {str(a): v for v, a in enumerate(dag.actions)}
     ratios: dict[str, list[float]] = {}
     for _, action, _, start, end, share in rows:
-        v = node[action]
-        expected = dag.d_max[v] - share * (dag.d_max[v] - dag.d_min[v]) - dag.dispatch_ms
+        v, a = node[action], parse_action(action)
+        if a.kind in FREEZABLE and 1e-6 < share < 1 - 1e-6:
+            continue
+        frozen = a.kind in FREEZABLE and share >= 1 - 1e-6
+        expected = (dag.d_min[v] if frozen else dag.d_max[v]) - dag.dispatch_ms
         if expected > 0.5:  # sub-millisecond actions (a frozen stage-0 backward) are all noise
-            a = parse_action(action)
-            ratios.setdefault(f"{a.stage}{a.kind}", []).append((end - start) / expected)
-    return {k: statistics.median(v) for k, v in ratios.items()}
+            ratios.setdefault(f"{a.stage}{a.kind}{'-frozen' if frozen else ''}", []).append((end - start) / expected)
+    return {k: statistics.median(v) for k, v in ratios.items() if len(v) >= MIN_DRIFT_SAMPLES}
 
 
 def _scaled_profile(plan: plan_mod.Plan, drift: dict[str, float], threshold: float) -> profile_mod.Profile:
-    """The plan's profile with each drifted (stage, kind)'s costs scaled by its measured ratio."""
+    """The plan's profile with each drifted end of each (stage, kind) scaled by its measured ratio (frozen
+    times kept at or below unfrozen ones)."""
     costs = list(plan.dag.stage_costs)
     for key, ratio in drift.items():
         if abs(ratio - 1.0) <= threshold:
             continue
-        s, kind = int(key[:-1]), key[-1]
-        costs[s] = replace(costs[s], **{f: getattr(costs[s], f) * ratio for f in FIELDS[kind]})
-        if kind == "B":  # keep frozen <= unfrozen exactly
-            costs[s] = replace(costs[s], backward_frozen_ms=min(costs[s].backward_frozen_ms, costs[s].backward_ms))
+        base, _, frozen = key.partition("-")
+        s, kind = int(base[:-1]), base[-1]
+        fields = FIELDS[kind][1:] if frozen else FIELDS[kind][:1]
+        costs[s] = replace(costs[s], **{f: getattr(costs[s], f) * ratio for f in fields})
+    for s, c in enumerate(costs):
+        costs[s] = replace(c, backward_frozen_ms=min(c.backward_frozen_ms, c.backward_ms),
+                           backward_weight_frozen_ms=min(c.backward_weight_frozen_ms, c.backward_weight_ms))
     dag = plan.dag
     return profile_mod.Profile(name=f"{plan.profile_name}-rescaled", source={"kind": "measured", "rescaled": drift},
                                p2p_ms=dag.p2p_ms, dispatch_ms=dag.dispatch_ms, step_overhead_ms=dag.step_overhead_ms,

@@ -125,23 +125,6 @@ def gather_records(records: list[ActionTime], group=None) -> list[ActionTime] | 
     return [ActionTime(*row) for rank_rows in out for row in rank_rows]
 
 
-def medians_by_stage_kind(records: Iterable[ActionTime]) -> dict[tuple[int, str], float]:
-    """(stage, kind) -> median duration (ms) over every micro-batch and step."""
-    groups: dict[tuple[int, str], list[float]] = defaultdict(list)
-    for r in records:
-        stage, kind, _ = parse_action(r.action)
-        groups[(stage, kind)].append(r.duration_ms)
-    return {k: statistics.median(v) for k, v in groups.items()}
-
-
-def medians_by_action(records: Iterable[ActionTime]) -> dict[str, float]:
-    """Action string -> median duration (ms) over steps."""
-    groups: dict[str, list[float]] = defaultdict(list)
-    for r in records:
-        groups[r.action].append(r.duration_ms)
-    return {k: statistics.median(v) for k, v in groups.items()}
-
-
 def makespans(records: Iterable[ActionTime]) -> dict[int, float]:
     """Step -> measured makespan (last end - first start, ms)."""
     lo: dict[int, float] = {}
