@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from tfplan import schedules
+from tfrun.config import TrainConfig
 from tfrun.freezing import Freezer, candidates
 from tfrun.model import MODELS, build_stage, loss_fn
-from tfrun.runtime import StepState, build_schedule, make_stage
-from tfrun.timing import ActionTimer
+from tfrun.rank import build_rank
 from tfrun.train import _rescale
 
 MODEL, SEED, MB_SIZE, SEQ = "tiny", 3, 2, 16
@@ -40,6 +40,16 @@ def case_ratios(sched: schedules.Schedule, pattern: str) -> dict[tuple[int, int]
     }
 
 
+def case_config(sched: schedules.Schedule, pattern: str, method: str) -> TrainConfig:
+    """The run configuration of a case, its ratios keyed by the freezable action of each (stage, mb)."""
+    action = {(a.stage, a.mb): str(a) for row in sched.order for a in row if a.kind in "BW"}
+    ratios = {action[k]: r for k, r in case_ratios(sched, pattern).items() if r > 0}
+    return TrainConfig(order=[[str(a) for a in row] for row in sched.order], num_stages=sched.num_stages,
+                       num_microbatches=sched.num_microbatches, stage_to_rank=list(sched.stage_to_rank),
+                       ratios=ratios, freeze="none" if pattern == "none" else "plan", freeze_method=method,
+                       model=MODEL, seed=SEED, microbatch_size=MB_SIZE, seq_len=SEQ)
+
+
 def worker(rank: int, world: int, port: int, cases: list[tuple], out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -48,17 +58,8 @@ def worker(rank: int, world: int, port: int, cases: list[tuple], out_dir: str) -
         for i, (name, p, v, m, pattern, method, *flags) in enumerate(cases):
             rescale = "rescale" in flags
             sched = schedules.generate(name, p, m, v)
-            local = [s for s, r in enumerate(sched.stage_to_rank) if r == rank]
-            cfg = MODELS[MODEL]
-            modules = {s: build_stage(cfg, s, sched.num_stages, SEED) for s in local}
-            freezer = Freezer({s: candidates(mod) for s, mod in modules.items()},
-                              case_ratios(sched, pattern), num_microbatches=m, seed=SEED)
-            state = StepState(freezing=pattern != "none")
-            timer = ActionTimer(rank, torch.device("cpu"))
-            stages = [make_stage(modules[s], s, sched.num_stages, torch.device("cpu"), group=None,
-                                 freezer=freezer, timer=timer, state=state, method=method) for s in local]
-            order = [[str(a) for a in row] for row in sched.order]
-            runtime = build_schedule(order, stages, m, loss_fn, rank)
+            r = build_rank(case_config(sched, pattern, method), torch.device("cpu"))  # the production path
+            modules, state, runtime, local = r.modules, r.state, r.runtime, r.local
             x, y = batch(m)
             losses: list = []
             state.begin(0)

@@ -57,6 +57,10 @@ def profile_cmd(
     repeat: Annotated[
         int, typer.Option("--repeat", help="Measured: measure N times, keep the most consistent set.", min=1)
     ] = 1,
+    dp: Annotated[
+        int, typer.Option("--dp", help="Measured: with this many data-parallel replicas (their gradient reduction "
+                                       "lands in the tails; the profile's dp).", min=1)
+    ] = 1,
     as_json: JsonOpt = False,
 ) -> None:
     """Make a profile: measured inside the pipeline by tfrun (needs torch), or --analytic from a cost model.
@@ -84,7 +88,7 @@ def profile_cmd(
             write_json_atomic(output, prof.to_dict())
         else:
             prof = measure_profile(output, model or "tiny", stages, stages_per_rank, microbatches, schedule, steps,
-                                   microbatch_size, seq_len, repeat)
+                                   microbatch_size, seq_len, repeat, dp)
         if as_json:
             print(json.dumps(prof.to_dict()))
             return

@@ -8,7 +8,7 @@ from tfplan.errors import TfplanError
 
 
 def measure_profile(output, model, stages, stages_per_rank, microbatches, schedule, steps, microbatch_size, seq_len,
-                    repeat=1):
+                    repeat=1, dp=1):
     """Run tfrun's measuring job in a subprocess (tfplan itself never imports torch); stages_per_rank None
     takes the schedule's default."""
     import importlib.util
@@ -24,7 +24,7 @@ def measure_profile(output, model, stages, stages_per_rank, microbatches, schedu
     cmd = [sys.executable, "-m", "tfrun", "profile", "--model", model, "--stages", str(stages),
            "--microbatches", str(microbatches), "--schedule", schedule, "--steps", str(steps),
            "--microbatch-size", str(microbatch_size), "--seq-len", str(seq_len), "--repeat", str(repeat),
-           "--output", output]
+           "--dp", str(dp), "--output", output]
     if stages_per_rank is not None:
         cmd += ["--stages-per-rank", str(stages_per_rank)]
     proc = subprocess.run(cmd, capture_output=True, text=True)

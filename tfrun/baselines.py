@@ -224,3 +224,21 @@ def _gather_dicts(local: dict[str, float]) -> dict[str, float]:
     parts: list = [None] * dist.get_world_size()
     dist.all_gather_object(parts, local)
     return {k: v for part in parts for k, v in part.items()}
+
+
+def signal_factory(config):
+    """For a freeze mode that uses a baseline (apf, autofreeze, and the hybrids): a function of a rank's stage
+    candidates that builds its signal; None for the other modes."""
+    kind = config.freeze.removeprefix("timely+")
+    if kind == APF:
+        cfg = APFConfig(threshold=config.apf_threshold, ema=config.apf_ema, check_every=config.apf_check_every)
+        return lambda stage_candidates: APFSignal(stage_candidates, cfg)
+    if kind == AUTOFREEZE:
+        from tfrun.model import MODELS, build_stage
+
+        model = MODELS[config.model]
+        layers = sorted({layer_of(name) for s in range(config.num_stages) for name, _ in
+                         build_stage(model, s, config.num_stages, config.seed, device="meta").named_parameters()})
+        cfg = AutoFreezeConfig(percentile=config.autofreeze_percentile, check_every=config.autofreeze_check_every)
+        return lambda stage_candidates: AutoFreezeSignal(stage_candidates, layers, cfg)
+    return None

@@ -21,8 +21,12 @@ def _rank_file(out: Path, step: int, rank: int) -> Path:
 
 
 def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, freezer, metrics: list[dict],
-         online=None) -> None:
-    """Save this rank's state for resuming at `step` (the number of steps completed)."""
+         online=None, write: bool = True) -> None:
+    """Save this pipeline rank's state for resuming at `step` (the number of steps completed); one replica
+    writes (`write`), every process takes part in the barrier."""
+    if not write:
+        dist.barrier()
+        return
     path = _rank_file(out, step, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
@@ -68,7 +72,7 @@ def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer, onlin
     return int(state["step"]), metrics
 
 
-def load_weights(src: Path, rank: int, modules: dict) -> int:
+def load_weights(src: Path, rank: int, modules: dict, dp: int = 1) -> int:
     """--init-from: this rank's stage weights from run `src`'s latest checkpoint (nothing else: the optimizer,
     data position and freezer start fresh); returns the step they were saved at.
 
@@ -79,9 +83,9 @@ def load_weights(src: Path, rank: int, modules: dict) -> int:
     if not latest.exists():
         raise TfrunError(f"--init-from {src}: no checkpoint there (missing {latest})")
     info = json.loads(latest.read_text())
-    if info["world_size"] != dist.get_world_size():
+    if info["world_size"] != dist.get_world_size() // dp and info["world_size"] != dist.get_world_size():
         raise TfrunError(f"--init-from {src}: its checkpoint has {info['world_size']} ranks, this job "
-                         f"{dist.get_world_size()}")
+                         f"{dist.get_world_size() // dp} pipeline ranks")
     state = torch.load(_rank_file(src, info["step"], rank), weights_only=False)
     for s, module in modules.items():
         if s not in state["models"]:

@@ -76,8 +76,11 @@ def train_cmd(
     ] = False,
     microbatch_size: Annotated[int, typer.Option("--microbatch-size", help="Sequences per micro-batch.")] = 4,
     global_batch: Annotated[
-        int | None, typer.Option("--global-batch", help="Sequences per step (= micro-batch size x plan's M).")
+        int | None, typer.Option("--global-batch", help="Sequences per step (= dp x micro-batch size x plan's M).")
     ] = None,
+    dp: Annotated[
+        int, typer.Option("--dp", help="Data-parallel replicas of the pipeline (world = dp x the plan's ranks).")
+    ] = 1,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 128,
     lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 3e-4,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Validation loss every K steps (0: end).")] = 0,
@@ -154,7 +157,7 @@ def train_cmd(
             monitor_steps=monitor_steps, probe_steps=probe_steps, replan_threshold=replan_threshold,
             replan_window=replan_window, apf_threshold=apf_threshold, apf_ema=apf_ema,
             apf_check_every=apf_check_every, autofreeze_percentile=autofreeze_percentile,
-            autofreeze_check_every=autofreeze_check_every, init_from=init_from,
+            autofreeze_check_every=autofreeze_check_every, init_from=init_from, dp=dp,
             grad_rescale=grad_rescale, microbatch_size=microbatch_size, global_batch=global_batch,
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet,
@@ -247,6 +250,10 @@ def profile_cmd(
     repeat: Annotated[
         int, typer.Option("--repeat", help="Measure N times and keep the most consistent set.")
     ] = 1,
+    dp: Annotated[
+        int, typer.Option("--dp", help="Measure with this many data-parallel replicas (their gradient reduction "
+                                       "in the tails).")
+    ] = 1,
     microbatch_size: Annotated[int, typer.Option("--microbatch-size", help="Sequences per micro-batch.")] = 4,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 128,
     threads: Annotated[int, typer.Option("--threads", help="Compute threads per rank (CPU).")] = 1,
@@ -265,7 +272,7 @@ def profile_cmd(
         prof = profiling.measure(
             model=model, num_ranks=stages, num_microbatches=microbatches, schedule=schedule,
             stages_per_rank=stages_per_rank, steps=steps, microbatch_size=microbatch_size, seq_len=seq_len,
-            threads=threads, seed=seed, work_dir=work_dir, repeat=repeat,
+            threads=threads, seed=seed, work_dir=work_dir, repeat=repeat, dp=dp,
         )
         from tfplan.fileio import write_json_atomic
 

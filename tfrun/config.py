@@ -111,6 +111,8 @@ class TrainConfig:
     """autofreeze: percentile of the layers' gradient-norm change rates below which a layer freezes."""
     autofreeze_check_every: int = 20
     """autofreeze: steps between checks."""
+    dp: int = 1
+    """Data-parallel replicas of the pipeline (world = dp x pipeline ranks; tfrun.rank)."""
     init_from: str | None = None
     """Start from this run's latest checkpoint (its weights; a fresh optimizer and data position)."""
 
@@ -120,7 +122,8 @@ class TrainConfig:
 
     @property
     def global_batch(self) -> int:
-        return self.microbatch_size * self.num_microbatches
+        """Sequences per step over every replica: dp x micro-batch size x M."""
+        return self.dp * self.microbatch_size * self.num_microbatches
 
     def ratio_of(self, action: str) -> float:
         """The fixed ratio this run freezes `action` at: the plan's (plan), 0 (none), 1 (all); 0 under timely,
@@ -170,7 +173,7 @@ class TrainConfig:
         if self.seq_len > cfg.max_seq_len:
             raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len {cfg.max_seq_len}")
         for name in ("steps", "microbatch_size", "seq_len", "redraw_every", "eval_batches", "threads",
-                     "apf_check_every", "autofreeze_check_every"):
+                     "apf_check_every", "autofreeze_check_every", "dp"):
             if getattr(self, name) < 1:
                 raise TfrunError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("ramp_steps", "eval_every", "checkpoint_every", "timing_warmup_steps", "max_stale_steps",

@@ -23,7 +23,7 @@ def under_torchrun() -> bool:
 
 
 def launch(config: TrainConfig, *, quiet_launcher: bool = True) -> None:
-    """Run `config` on config.num_ranks local processes; raises TfrunError naming the failed rank.
+    """Run `config` on config.num_ranks x config.dp local processes; raises TfrunError naming the failed rank.
 
     The worker processes get the config as OUT/run_config.json. torchrun's own log goes to
     OUT/launcher.log (it repeats worker tracebacks); we print one line per failed rank instead.
@@ -36,7 +36,7 @@ def launch(config: TrainConfig, *, quiet_launcher: bool = True) -> None:
     config.save(config_path)
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes=1", f"--nproc-per-node={config.num_ranks}",
+        "--standalone", "--nnodes=1", f"--nproc-per-node={config.num_ranks * config.dp}",
         "--max-restarts=0", "--monitor-interval=0.2",
         "-m", "tfrun.worker", str(config_path),
     ]

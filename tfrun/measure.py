@@ -65,6 +65,7 @@ def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime
         "freeze": config.freeze,
         "freeze_method": config.freeze_method,
         "num_ranks": config.num_ranks,
+        "dp": config.dp,
         "num_stages": config.num_stages,
         "num_microbatches": config.num_microbatches,
         "steps": len(metrics),
@@ -163,7 +164,8 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
         measured[str(s)] = got
     dispatch = dispatch_ms(replay_records, config.stage_to_rank)
     p2p = p2p_latency_ms(replay_records, config.stage_to_rank, dispatch)
-    prof = profile_mod.Profile(name=name, source={}, p2p_ms=p2p, dispatch_ms=dispatch, stages=tuple(rows))
+    prof = profile_mod.Profile(name=name, source={}, p2p_ms=p2p, dispatch_ms=dispatch, stages=tuple(rows),
+                               dp=config.dp)
     replay = replay_step(config, replay_records, prof)
     if math.isnan(replay):  # some action was never timed (too few steps): no replay, no overhead
         replay = None
@@ -179,6 +181,7 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
         "microbatch_size": config.microbatch_size,
         "seq_len": config.seq_len,
         "num_microbatches": config.num_microbatches,
+        "dp": config.dp,
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "threads_per_rank": config.threads,

@@ -41,6 +41,7 @@ stability"."""
 def measure(
     *, model: str, num_ranks: int, num_microbatches: int, schedule: str, stages_per_rank: int | None, steps: int,
     microbatch_size: int, seq_len: int, threads: int, seed: int, work_dir: str | None, repeat: int = 1,
+    dp: int = 1,
 ) -> profile_mod.Profile:
     """Run the measuring jobs (4 x repeat) and combine the most consistent set into one profile."""
     from tfrun.launch import launch
@@ -65,7 +66,7 @@ def measure(
                 num_microbatches=num_microbatches, stage_to_rank=list(sched.stage_to_rank),
                 schedule_name=sched.name, freeze=freeze, model=model, steps=steps, seed=seed,
                 out_dir=str(folder / name), microbatch_size=microbatch_size, seq_len=seq_len, threads=threads,
-                eval_batches=1, quiet=True, timing_warmup_steps=2,
+                eval_batches=1, quiet=True, timing_warmup_steps=2, dp=dp,
             )
             config.check()
             launch(config)
@@ -135,4 +136,5 @@ def combine(root: Path, *, model: str, schedule: str, num_stages: int, split: bo
     return profile_mod.Profile(
         name=f"measured-{model}-{schedule}-{num_stages}stages", source=source, p2p_ms=base.p2p_ms,
         dispatch_ms=base.dispatch_ms, step_overhead_ms=base.step_overhead_ms, quality=quality, stages=tuple(stages),
+        dp=base.dp,
     )

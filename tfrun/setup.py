@@ -38,7 +38,7 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
         config = TrainConfig(order=[[str(a) for a in row] for row in sched.order], num_stages=sched.num_stages,
                              num_microbatches=microbatches, stage_to_rank=list(sched.stage_to_rank),
                              schedule_name=sched.name, microbatch_size=_microbatch_size(
-                                 global_batch, microbatches, microbatch_size), **options)
+                                 global_batch, microbatches, microbatch_size, options.get("dp", 1)), **options)
         return _checked(config)
     if schedule is not None or ranks is not None or microbatches is not None or stages_per_rank is not None:
         raise TfrunError("--schedule, --ranks, --microbatches and --stages-per-rank come from the plan; "
@@ -46,7 +46,7 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
     plan = plan_mod.load(plan_path)
     sched = plan.schedule
     m = sched.num_microbatches
-    microbatch_size = _microbatch_size(global_batch, m, microbatch_size)
+    microbatch_size = _microbatch_size(global_batch, m, microbatch_size, options.get("dp", 1))
     dag = plan.dag
     if freeze == "uniform":  # schedule-blind: every freezable action at the plan's overall mean ratio
         mean = plan.predicted.mean_freeze_ratio
@@ -78,14 +78,16 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
     return _checked(config)
 
 
-def _microbatch_size(global_batch: int | None, m: int, microbatch_size: int) -> int:
+def _microbatch_size(global_batch: int | None, m: int, microbatch_size: int, dp: int = 1) -> int:
+    """--global-batch G means dp x micro-batch size x M sequences per step."""
     if global_batch is None:
         return microbatch_size
-    if global_batch % m:
+    if global_batch % (m * dp):
         raise TfrunError(
-            f"--global-batch {global_batch} is not divisible into the plan's {m} micro-batches; use a multiple of {m}"
+            f"--global-batch {global_batch} is not divisible into the plan's {m} micro-batches x {dp} replicas; "
+            f"use a multiple of {m * dp}"
         )
-    return global_batch // m
+    return global_batch // (m * dp)
 
 
 def _checked(config: TrainConfig) -> TrainConfig:

@@ -14,29 +14,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tfplan.actions import FREEZABLE, parse_action
-from tfrun import checkpoint, measure
-from tfrun.config import PLANNED, TrainConfig
+from tfrun import baselines, checkpoint, measure
+from tfrun.config import TrainConfig
 from tfrun.data import Batches, encode, eval_batches, load_corpus, split_tokens
-from tfrun.errors import TfrunError
-from tfrun.freezing import Freezer, candidates
-from tfrun.model import MODELS, build_stage, count_params, loss_fn
+from tfrun.model import MODELS, build_stage, count_params
 from tfrun.online import OnlinePlanner
-from tfrun.runtime import StepState, build_schedule, make_stage
-from tfrun.timing import ActionTimer, gather_records
+from tfrun.rank import Rank, build_rank, replica_rows
+from tfrun.runtime import StepState
+from tfrun.timing import gather_records
 
 log = logging.getLogger(__name__)
-
-
-def planned_ratios(config: TrainConfig, stages: list[int]) -> dict[tuple[int, int], float]:
-    """(stage, mb) -> ratio of that micro-batch's freezable action (B or W) on `stages`."""
-    out = {}
-    for action in (parse_action(a) for row in config.order for a in row):
-        if action.stage in stages and action.kind in FREEZABLE:
-            ratio = config.ratio_of(str(action))
-            if ratio > 0:
-                out[(action.stage, action.mb)] = ratio
-    return out
 
 
 def _device() -> torch.device:
@@ -47,51 +34,29 @@ def _device() -> torch.device:
 
 def run(config: TrainConfig, fault_hook=None) -> dict | None:
     """Train on this rank; returns the summary on rank 0 (None elsewhere). The process group is set up."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world != config.num_ranks:
-        raise TfrunError(f"the plan needs {config.num_ranks} ranks but the job has {world}")
+    rank = dist.get_rank()
     torch.set_num_threads(config.threads)
     device = _device()
-    cfg = MODELS[config.model]
-    local = [s for s, r in enumerate(config.stage_to_rank) if r == rank]
-    modules = {s: build_stage(cfg, s, config.num_stages, config.seed, device=device) for s in local}
-    stage_candidates = {s: candidates(m) for s, m in modules.items()}
-    freezer = Freezer(
-        stage_candidates,
-        planned_ratios(config, local),
-        num_microbatches=config.num_microbatches,
-        seed=config.seed,
-        redraw_every=config.redraw_every,
-        ramp_steps=config.ramp_steps if config.freeze in PLANNED + ("timely",) else 0,
-        policy=config.freeze_policy,
-        max_stale_steps=config.max_stale_steps,
-        signal=baseline_signal(config, stage_candidates),
-        hybrid=config.freeze.startswith("timely+"),
-    )
-    timer, state = ActionTimer(rank, device), StepState(freezing=config.freeze != "none")
-    stages = [
-        make_stage(modules[s], s, config.num_stages, device, group=None, freezer=freezer, timer=timer,
-                   state=state, method=config.freeze_method)
-        for s in local
-    ]
-    runtime = build_schedule(config.order, stages, config.num_microbatches, loss_fn, rank, timer)
-    params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    r = build_rank(config, device, signal=baselines.signal_factory(config))
+    modules, freezer, timer, state, runtime, optimizer = r.modules, r.freezer, r.timer, r.state, r.runtime, r.optimizer
+    local = r.local
 
     tokens = encode(load_corpus(config.data_path))
     train_tokens, val_tokens = split_tokens(tokens)
     batches = Batches(train_tokens, global_batch=config.global_batch, seq_len=config.seq_len, seed=config.seed)
-    evals = eval_batches(val_tokens, batch_size=config.global_batch, seq_len=config.seq_len,
-                         num_batches=config.eval_batches)
+    m = config.num_microbatches
+    evals = [(replica_rows(x, m, r.dp, r.dp_rank), replica_rows(y, m, r.dp, r.dp_rank))
+             for x, y in eval_batches(val_tokens, batch_size=config.global_batch, seq_len=config.seq_len,
+                                      num_batches=config.eval_batches)]
     out = Path(config.out_dir)
     has_first, has_last = 0 in local, config.num_stages - 1 in local
     online = OnlinePlanner(config, freezer, timer, out, _stage_numel(config)) if config.freeze == "timely" else None
     metrics: list[dict] = []
     start = 0
     if config.resume:
-        start, metrics = checkpoint.load(out, rank, modules, optimizer, batches, freezer, online)
+        start, metrics = checkpoint.load(out, r.pp_rank, modules, optimizer, batches, freezer, online)
     elif config.init_from is not None:
-        checkpoint.load_weights(Path(config.init_from), rank, modules)
+        checkpoint.load_weights(Path(config.init_from), r.pp_rank, modules, config.dp)
     if online is not None and rank == 0:
         print(online.describe(), flush=True)
 
@@ -105,13 +70,13 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
                              **({"target": y.to(device), "losses": losses} if has_last else {}))
                 total += float(sum(v.item() for v in losses)) / config.num_microbatches if has_last else 0.0
         state.freezing = config.freeze != "none"
-        return _from_last_stage(total / len(evals), has_last, device)
+        return _from_last_stage(total / len(evals), has_last, device, r.dp)
 
     progress = _Progress(rank == 0 and not config.quiet, config.steps, start)
     for step in range(start, config.steps):
         if fault_hook is not None:
             fault_hook(step)
-        x, y = batches.batch_at(step)
+        x, y = (replica_rows(t, m, r.dp, r.dp_rank) for t in batches.batch_at(step))
         state.begin(step)
         if online is not None:
             metrics += online.before_step(step)
@@ -123,14 +88,15 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         t0 = time.perf_counter()
         runtime.step(*((x.to(device),) if has_first else ()),
                      **({"target": y.to(device), "losses": losses} if has_last else {}))
-        timer.span("optimizer", _optimizer_step, optimizer, modules, state, config, freezer, step)
+        timer.span("optimizer", _optimizer_step, r, config, step)
         dist.barrier()
         step_ms = (time.perf_counter() - t0) * 1e3
         timer.end_step()
         freezer.end_step(step, state.frozen_counts)
+        r.record_frozen(step)
         loss = _from_last_stage(sum(v.item() for v in losses) / config.num_microbatches if has_last else 0.0,
-                                has_last, device)
-        shares = _gather_shares(state, config.num_stages, config.num_microbatches)
+                                has_last, device, r.dp)
+        shares = _gather_shares(r, config.num_stages, config.num_microbatches)
         row = {"step": step, "time": time.time(), "loss": loss, "step_time_ms": step_ms,
                "tokens_per_s": config.global_batch * config.seq_len / (step_ms / 1e3),
                "freeze_ratio": shares, "timed": timer.enabled}
@@ -146,14 +112,18 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
             measure.write_metrics(out, metrics)
         progress.update(row)
         if (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0) or last:
-            checkpoint.save(out, rank, step + 1, modules, optimizer, batches, freezer, metrics, online)
+            checkpoint.save(out, r.pp_rank, step + 1, modules, optimizer, batches, freezer, metrics, online,
+                            write=r.dp_rank == 0)
     progress.close()
 
     records, spans = gather_records(timer.records), gather_records(timer.spans)
-    stats = _gather_stats(freezer)
+    stats = _gather_stats(r)
+    agree = r.replicas_agree()
     if rank != 0:
         return None
     summary = measure.summarize(config, metrics, records, stats)
+    if config.dp > 1:
+        summary["replicas_froze_alike"] = agree
     plan_profile = None
     if online is not None:
         summary |= online.summary(metrics)
@@ -172,26 +142,29 @@ def _stage_numel(config: TrainConfig) -> dict[int, int]:
             for s in range(config.num_stages)}
 
 
-def _gather_stats(freezer: Freezer) -> list[dict] | None:
-    """Every rank's per-tensor update statistics on rank 0 (freeze_stats.json rows), None elsewhere."""
+def _gather_stats(r: Rank) -> list[dict] | None:
+    """Every pipeline rank's per-tensor update statistics on rank 0 (freeze_stats.json rows), None elsewhere;
+    replicas agree, so replica 0's."""
+    freezer = r.freezer
     rows = [{"stage": s, "name": c.name, "cost": c.cost, "numel": c.numel, **freezer.stats[s].row(i)}
-            for s, cands in sorted(freezer.stage_candidates.items()) for i, c in enumerate(cands)]
+            for s, cands in sorted(freezer.stage_candidates.items()) for i, c in enumerate(cands)] \
+        if r.dp_rank == 0 else []
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(rows, parts, dst=0)
     return None if parts is None else [row for part in parts for row in part]
 
 
-def _from_last_stage(value: float, has_last: bool, device: torch.device) -> float:
-    """Broadcast a float computed on the last stage's rank to every rank (float64)."""
+def _from_last_stage(value: float, has_last: bool, device: torch.device, dp: int = 1) -> float:
+    """A float computed on the last stage's ranks (one per replica: their mean) on every rank (float64)."""
     t = torch.tensor([value if has_last else 0.0], dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return float(t.item())
+    return float(t.item()) / dp
 
 
-def _gather_shares(state: StepState, num_stages: int, m: int) -> list[float]:
-    """Realised mean frozen share per stage this step (all ranks), for metrics."""
+def _gather_shares(r: Rank, num_stages: int, m: int) -> list[float]:
+    """Realised mean frozen share per stage this step (every pipeline rank; replicas agree), for metrics."""
     parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, dict(state.shares))
+    dist.all_gather_object(parts, dict(r.state.shares) if r.dp_rank == 0 else {})
     per_stage = [0.0] * num_stages
     for part in parts:
         for (stage, _), share in part.items():
@@ -199,33 +172,17 @@ def _gather_shares(state: StepState, num_stages: int, m: int) -> list[float]:
     return per_stage
 
 
-def baseline_signal(config: TrainConfig, stage_candidates: dict):
-    """The APF or AutoFreeze signal the freeze mode uses (tfrun.baselines), or None."""
-    from tfrun import baselines
-
-    kind = config.freeze.removeprefix("timely+")
-    if kind == baselines.APF:
-        return baselines.APFSignal(stage_candidates, baselines.APFConfig(
-            threshold=config.apf_threshold, ema=config.apf_ema, check_every=config.apf_check_every))
-    if kind == baselines.AUTOFREEZE:
-        cfg = MODELS[config.model]
-        layers = {baselines.layer_of(name) for s in range(config.num_stages)
-                  for name, _ in build_stage(cfg, s, config.num_stages, config.seed, device="meta").named_parameters()}
-        return baselines.AutoFreezeSignal(stage_candidates, sorted(layers), baselines.AutoFreezeConfig(
-            percentile=config.autofreeze_percentile, check_every=config.autofreeze_check_every))
-    return None
-
-
-def _optimizer_step(optimizer, modules: dict, state: StepState, config: TrainConfig, freezer: Freezer,
-                    step: int) -> None:
-    """The step's tail on this rank: --grad-rescale, a baseline's look at the gradients, the optimizer step,
-    the baseline's look at the update, and zero_grad (timed as "optimizer")."""
+def _optimizer_step(r: Rank, config: TrainConfig, step: int) -> None:
+    """The step's tail on this rank (timed as "optimizer"): the gradients averaged over the replicas
+    (tfrun.rank Note [data-parallel reduction]), --grad-rescale, a baseline's look at the gradients, the
+    optimizer step, the baseline's look at the update, and zero_grad."""
+    r.reduce_gradients()
     if config.grad_rescale:
-        _rescale(modules, state, config.num_microbatches)
-    freezer.before_optimizer(step, modules)
-    optimizer.step()
-    freezer.after_optimizer(step, modules)
-    optimizer.zero_grad(set_to_none=True)
+        _rescale(r.modules, r.state, config.num_microbatches)
+    r.freezer.before_optimizer(step, r.modules)
+    r.optimizer.step()
+    r.freezer.after_optimizer(step, r.modules)
+    r.optimizer.zero_grad(set_to_none=True)
 
 
 def _rescale(modules: dict, state: StepState, m: int) -> None:
