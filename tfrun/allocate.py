@@ -177,7 +177,7 @@ def skip_steps(allowance: Sequence[Sequence[float]], debt: Sequence[float]) -> t
     # The stage's budget floors its total: share the shortfall in proportion to each action's allowance, so
     # that the debts stay bounded and each action's long-run share approaches its own ratio.
     active = [j for j in range(m) if totals[j] > EPS]
-    gap, allowed = sum(want[j] - count[j] for j in active), sum(totals)
+    gap, allowed = sum(want[j] - count[j] for j in active), sum(totals[j] for j in active)
     new_debt = [want[j] - count[j] - gap * totals[j] / allowed if j in active else 0.0 for j in range(m)]
     skip = [[False] * m for _ in range(w)]
     for j in range(m):
