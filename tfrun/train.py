@@ -22,7 +22,9 @@ from tfrun.errors import TfrunError
 from tfrun.freezing import Freezer, candidates
 from tfrun.model import MODELS, build_stage, count_params, loss_fn
 from tfrun.online import OnlinePlanner
+from tfrun.provenance import run_identity
 from tfrun.runtime import StepState, build_schedule, make_stage
+from tfrun.signals import StepControl, StopRequest
 from tfrun.timing import ActionTimer, gather_records
 
 log = logging.getLogger(__name__)
@@ -45,8 +47,9 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def run(config: TrainConfig, fault_hook=None) -> dict | None:
-    """Train on this rank; returns the summary on rank 0 (None elsewhere). The process group is set up."""
+def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -> dict | None:
+    """Train on this rank; returns the summary on rank 0 (None elsewhere, and when `stop` ended the run early:
+    tfrun.signals Note [graceful stop]). The process group is set up."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != config.num_ranks:
         raise TfrunError(f"the plan needs {config.num_ranks} ranks but the job has {world}")
@@ -86,7 +89,8 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
     metrics: list[dict] = []
     start = 0
     if config.resume:
-        start, metrics = checkpoint.load(out, rank, modules, optimizer, batches, freezer, online)
+        start, metrics = checkpoint.load(out, rank, modules, optimizer, batches, freezer, online,
+                                         step=config.resume_step)
     if online is not None and rank == 0:
         print(online.describe(), flush=True)
 
@@ -103,6 +107,7 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         return _from_last_stage(total / len(evals), has_last, device)
 
     progress = _Progress(rank == 0 and not config.quiet, config.steps, start)
+    control = StepControl(config, stop, device)
     for step in range(start, config.steps):
         if fault_hook is not None:
             fault_hook(step)
@@ -140,9 +145,15 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         if rank == 0:
             measure.write_metrics(out, metrics)
         progress.update(row)
-        if (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0) or last:
-            checkpoint.save(out, rank, step + 1, modules, optimizer, batches, freezer, metrics, online)
+        if control.after_step(step, last):
+            checkpoint.save(out, rank, step + 1, modules, optimizer, batches, freezer, metrics, online,
+                            run=run_identity(config), keep=config.keep_checkpoints)
+        if control.stopping:
+            break
     progress.close()
+    if control.stopping:
+        control.report(step + 1)
+        return None
 
     records, spans = gather_records(timer.records), gather_records(timer.spans)
     stats = _gather_stats(freezer)
@@ -155,6 +166,7 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         summary["predicted_step_ms"] = summary["stable_predicted_step_ms"]
         summary["prediction_error"] = summary["stable_prediction_error"]
         plan_profile = online.profile()
+    summary |= measure.caveats(config, summary)
     (out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
     measure.write_outputs(out, config, summary, records, stats, spans, plan_profile)
     return summary
