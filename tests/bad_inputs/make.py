@@ -61,7 +61,8 @@ def plans(valid: dict) -> None:
     variant("cap-exceeded", lambda o: o.update(max_freeze_ratio=[0.1, 0.1]))
     variant("microbatches-string", lambda o: o["schedule"].update(num_microbatches="4"))
     variant("ranks-mismatch", lambda o: o["schedule"].update(num_ranks=3))
-    variant("source-nested", lambda o: o["profile"].update(source={"kind": "measured", "model": {"name": "tiny"}}))
+    nested = {"kind": "measured", "model": {"name": "tiny"}}
+    variant("source-nested", lambda o: o["profile"].update(source=nested))
     measured = {"kind": "measured", "tool": "tfrun", "model": "small", "microbatch_size": 4, "seq_len": 128,
                 "device": "cpu", "threads_per_rank": 1, "torch": "2.13.0+cpu"}
     variant("other-model", lambda o: o["profile"].update(source=measured))
@@ -73,7 +74,8 @@ def plans(valid: dict) -> None:
 def profiles() -> None:
     stage = {"forward_ms": 1.0, "backward_ms": 2.0, "backward_frozen_ms": 1.0, "backward_input_ms": 1.0,
              "backward_weight_ms": 1.0, "backward_weight_frozen_ms": 0.0}
-    valid = {"schema_version": 2, "name": "p", "source": {"kind": "hand"}, "p2p_ms": 0.0, "stages": [dict(stage), dict(stage)]}
+    valid = {"schema_version": 2, "name": "p", "source": {"kind": "hand"}, "p2p_ms": 0.0,
+             "stages": [dict(stage), dict(stage)]}
 
     def variant(name: str, change) -> None:
         obj = copy.deepcopy(valid)
