@@ -191,3 +191,24 @@ def test_the_output_folder_is_checked_before_training(tmp_path, monkeypatch) -> 
     monkeypatch.setattr(provenance.tempfile, "TemporaryFile", read_only)
     with pytest.raises(TfrunError, match=r"cannot write in .* \(Read-only file system\)$"):
         provenance.check_out(tmp_path / "run", config)
+
+
+def test_each_freeze_mode_is_compared_with_its_own_prediction(tmp_path) -> None:
+    from tfplan import plan as plan_mod
+
+    predicted = plan_mod.load(PLAN).predicted
+    assert _setup(tmp_path, freeze="plan").predicted_step_ms == predicted.planned_ms
+    assert _setup(tmp_path, freeze="none").predicted_step_ms == predicted.no_freeze_ms
+    assert _setup(tmp_path, freeze="all").predicted_step_ms == predicted.all_frozen_ms < predicted.no_freeze_ms
+
+
+def test_setup_refuses_a_plan_for_another_model_unless_forced(tmp_path) -> None:
+    other = str(PLAN.parent / "plans" / "other-model.json")
+    with pytest.raises(TfrunError, match=r"plan profiled \(measured\) model small, 4 x 128 tokens"):
+        _setup(tmp_path, plan_path=other, microbatch_size=4, seq_len=128)
+    forced = _setup(tmp_path, plan_path=other, microbatch_size=4, seq_len=128, force=True)
+    assert forced.prediction_note.endswith("(model differs)") and forced.predicted_step_ms is not None
+    with pytest.raises(TfrunError, match=r"\(model differs\)"):  # the same rule for a timely seed plan
+        _setup(tmp_path, plan_path=other, microbatch_size=4, seq_len=128, freeze="timely")
+    assert _setup(tmp_path, plan_path=str(PLAN.parent / "plans" / "other-shape.json"), microbatch_size=4,
+                  seq_len=128).prediction_note is None
