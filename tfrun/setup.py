@@ -126,7 +126,7 @@ def _check_data(config: TrainConfig) -> bytes:
 
     data = load_corpus(config.data_path)
     where = "default corpus" if config.data_path is None else f"--data {config.data_path}"
-    train, val = split_tokens(torch.zeros(len(data), dtype=torch.uint8))  # lengths only
+    train, val = split_tokens(torch.zeros(1, dtype=torch.uint8).expand(len(data)))  # lengths only, no copy
     try:
         Batches(train, global_batch=config.global_batch, seq_len=config.seq_len, seed=config.seed)
         eval_batches(val, batch_size=config.global_batch, seq_len=config.seq_len, num_batches=config.eval_batches)
