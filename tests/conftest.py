@@ -23,3 +23,13 @@ def torch_or_skip():
 @pytest.fixture
 def toy_profile_path() -> str:
     return str(PROFILES / "toy-uniform-4.json")
+
+
+@pytest.fixture(scope="module")
+def single_rank_group(tmp_path_factory):
+    """A one-rank gloo process group in this process (collective code without torchrun)."""
+    dist = torch_or_skip().distributed
+    store = tmp_path_factory.mktemp("store") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -56,8 +56,12 @@ def test_load_corpus_from_file_and_errors(tmp_path) -> None:
     assert load_corpus(str(good)) == b"x" * MIN_CORPUS_BYTES
     with pytest.raises(DataError, match="no such file"):
         load_corpus(str(tmp_path / "missing.txt"))
-    with pytest.raises(DataError, match="no such file"):
+    with pytest.raises(DataError, match="a folder, not a file"):
         load_corpus(str(tmp_path))  # a directory
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"x" * 100 + b"\0" + b"x" * MIN_CORPUS_BYTES)
+    with pytest.raises(DataError, match=r"looks binary \(a NUL byte at offset 100\)"):
+        load_corpus(str(binary))
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     with pytest.raises(DataError, match="0 bytes, need at least"):

@@ -13,8 +13,10 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
 
 from tests.conftest import PROFILES
+from tests.fuzzing import json_values, mutated
 from tfplan import dag as dag_mod
 from tfplan import lp, profile, schedules, solver
 from tfplan import plan as plan_mod
@@ -427,3 +429,68 @@ def test_loading_a_plan_does_not_import_ortools(tmp_path, hetero_plan) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# Provenance (issue 13) and hostile input
+
+
+def test_a_plan_records_its_profiles_provenance(tmp_path, hetero_plan) -> None:
+    assert hetero_plan.profile_source == {"kind": "hand", "note": profile.load(HETERO).source["note"]}
+    measured = profile.load(PROFILES / "tiny-cpu-2stages.json")
+    d = dag_mod.build(schedules.generate("1f1b", 2, 4), measured)
+    plan = plan_mod.make_plan(d, solver.solve(d, 0.9), [0.9, 0.9], measured)
+    src = plan.profile_source
+    assert {k: src[k] for k in ("kind", "model", "microbatch_size", "seq_len", "device", "torch")} == {
+        "kind": "measured", "model": "tiny", "microbatch_size": 4, "seq_len": 128, "device": "cpu",
+        "torch": measured.source["torch"]}
+    assert all(isinstance(v, (str, int, float, bool, type(None))) for v in src.values())  # nested notes dropped
+    plan_mod.write(plan, tmp_path / "p.json")
+    loaded = plan_mod.load(tmp_path / "p.json")
+    assert loaded.profile_source == src and loaded.profile_hash == measured.content_hash()
+
+
+def test_plans_without_a_profile_source_still_load(plan_obj, hetero_plan) -> None:
+    del plan_obj["profile"]["source"]
+    assert plan_mod.from_dict(plan_obj).profile_source == {}
+    assert plan_mod.from_dict(_as_version_1(plan_obj)).profile_source == {}
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ([1], r"^profile\.source: must be an object"),
+    ({"model": ["tiny"]}, r"^profile\.source\.model: must be a string, number, boolean or null"),
+    ({"seq_len": float("inf")}, r"^profile\.source\.seq_len: must be finite"),
+    ({str(i): i for i in range(plan_mod.MAX_SOURCE_FIELDS + 1)}, r"^profile\.source: at most 64 fields"),
+])
+def test_a_bad_profile_source_names_the_field(plan_obj, source, message) -> None:
+    plan_obj["profile"]["source"] = source
+    with pytest.raises(TfplanError, match=message):
+        plan_mod.from_dict(plan_obj)
+
+
+def test_unreadable_plan_files_are_one_line(tmp_path) -> None:
+    cases = {"binary.json": (b"\xff\xfe\x00" * 10, "not a UTF-8 text file"),
+             "deep.json": (b"[" * 5000 + b"]" * 5000, "JSON nested too deeply")}
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(TfplanError, match=message):
+            plan_mod.load(tmp_path / name)
+    with pytest.raises(TfplanError, match="is a folder"):
+        plan_mod.load(tmp_path)
+
+
+def _small_plan_obj() -> dict:
+    prof = profile.uniform(2, name="unit")
+    d = dag_mod.build(schedules.generate("1f1b", 2, 4), prof)
+    return json.loads(json.dumps(plan_mod.to_dict(plan_mod.make_plan(d, solver.solve(d, 0.9), [0.9, 0.9], prof))))
+
+
+SMALL_PLAN = _small_plan_obj()
+
+
+@settings(max_examples=300, deadline=None)
+@given(mutated(SMALL_PLAN) | json_values)
+def test_fuzzed_plans_raise_only_tfplan_errors(obj) -> None:
+    try:
+        plan_mod.from_dict(obj)
+    except TfplanError as exc:
+        assert str(exc).strip() and "\n" not in str(exc).split(":")[0]

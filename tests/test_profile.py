@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import PROFILES
+from tests.fuzzing import json_values, mutated
 from tfplan import profile
 from tfplan.errors import TfplanError
 from tfplan.profile import COST_FIELDS, Profile, StageCost
@@ -404,3 +405,28 @@ def test_uniform_helper() -> None:
     prof = profile.uniform(3, forward_ms=2.0, p2p_ms=0.5)
     assert prof.p2p_ms == 0.5 and len(prof.stages) == 3
     assert prof.stages[0].forward_ms == 2.0 and prof.stages[2].backward_ms == 2.0
+
+
+# Hostile input (issue 13): whatever the JSON, only TfplanError.
+
+LAYERED = {k: v for k, v in _valid(3).items() if k != "stages"} | {"layers": _valid(3)["stages"]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(mutated(_valid_v2(3)) | mutated(LAYERED) | json_values)
+def test_fuzzed_profiles_raise_only_tfplan_errors(obj) -> None:
+    try:
+        prof = profile.from_dict(obj)
+    except TfplanError:
+        return
+    again = profile.from_dict(json.loads(json.dumps(prof.to_dict())))  # what loads, round-trips
+    assert json.dumps(again.to_dict()) == json.dumps(prof.to_dict())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=64))
+def test_any_bytes_on_disk_are_a_profile_or_one_tfplan_error(tmp_path_factory, data) -> None:
+    path = tmp_path_factory.mktemp("p") / "p.json"
+    path.write_bytes(data)
+    with pytest.raises(TfplanError):
+        profile.load(path)

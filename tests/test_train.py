@@ -1,10 +1,14 @@
-"""`tfrun train` end to end on 2 gloo ranks (tiny model, short sequences): outputs, resume, bad input,
-a dying rank, joining an external torchrun, and the measured profile feeding `tfplan solve`."""
+"""`tfrun train` end to end on 2 gloo ranks (tiny model, short sequences): outputs, bad input, joining an
+external torchrun, the measured profile feeding `tfplan solve`, and reliability (issue 13): a SIGTERM stops
+with a checkpoint and the resume continues the same losses bit for bit; a rank SIGKILLed mid-step ends the
+job quickly, naming it; a truncated newest checkpoint makes the resume fall back to the previous one."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -53,27 +57,41 @@ def plan_path(tmp_path_factory) -> Path:
     return _plan(tmp_path_factory.mktemp("plan"))
 
 
-@pytest.mark.slow
-def test_train_writes_metrics_summary_profile_and_checkpoint(plan_path, tmp_path):
-    from tfplan import profile
-
-    out = tmp_path / "run"
-    proc = _tfrun("train", "--plan", str(plan_path), "--steps", "3", "--out", str(out), "--eval-every", "2", *FAST)
+@pytest.fixture(scope="module")
+def full_run(plan_path, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The uninterrupted run every reliability test compares with: 8 steps, checkpoints every 2 (6 and 8 kept)."""
+    out = tmp_path_factory.mktemp("full") / "run"
+    proc = _tfrun("train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "2", "--out", str(out),
+                  "--eval-every", "4", *FAST)
     assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_train_writes_metrics_summary_profile_and_checkpoint(full_run):
+    from tfplan import profile, summary
+
+    out, proc = full_run
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["step"] for r in rows] == list(range(8))
     for r in rows:
         assert {"loss", "step_time_ms", "tokens_per_s", "freeze_ratio"} <= set(r)
         assert len(r["freeze_ratio"]) == 2 and all(0 <= x <= 1 for x in r["freeze_ratio"])
-    assert "eval_loss" in rows[1] and "eval_loss" in rows[2]
-    summary = json.loads((out / "summary.json").read_text())
+    assert [r["step"] for r in rows if "eval_loss" in r] == [3, 7]
+    data = summary.load(out / "summary.json")  # tfplan's validator accepts it
     for key in ("step_time_ms", "tokens_per_s", "predicted_step_ms", "prediction_error", "final_train_loss",
                 "final_eval_loss"):
-        assert summary[key] is not None, key
-    assert summary["final_train_loss"] == rows[-1]["loss"]
+        assert data[key] is not None, key
+    assert data["final_train_loss"] == rows[-1]["loss"] and data["timed_steps"] == 7 and data["timing_note"] is None
     prof = profile.load(out / "profile.json")  # tfplan's validator accepts it
     assert prof.source["kind"] == "measured" and len(prof.stages) == 2 and prof.stages[0].forward_ms > 0
-    assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == 3
+    assert prof.source["num_ranks"] == 2
+    assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == 8
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest.json", "step0000006", "step0000008"]
     assert "step time" in proc.stdout  # the human summary table
 
 
@@ -85,7 +103,7 @@ def test_every_tensor_learns_between_checkpoints_at_ratio_0_9(tmp_path):
     for policy in ("auto", "random", "prefix"):
         out = tmp_path / policy
         proc = _tfrun("train", "--plan", str(stress), "--steps", "40", "--checkpoint-every", "10", "--out", str(out),
-                      "--freeze-policy", policy, *FAST)
+                      "--keep-checkpoints", "0", "--freeze-policy", policy, *FAST)
         assert proc.returncode == 0, proc.stderr
         summaries[policy] = json.loads((out / "summary.json").read_text())
         models[policy] = [{(s, name): t for rank in (0, 1)
@@ -108,30 +126,62 @@ def test_every_tensor_learns_between_checkpoints_at_ratio_0_9(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_continues_the_same_loss_sequence(plan_path, tmp_path):
-    full, part = tmp_path / "full", tmp_path / "part"
-    args = ["--plan", str(plan_path), *FAST]
-    assert _tfrun("train", *args, "--steps", "4", "--out", str(full)).returncode == 0
-    assert _tfrun("train", *args, "--steps", "2", "--out", str(part)).returncode == 0
-    proc = _tfrun("train", *args, "--steps", "4", "--resume", str(part))
-    assert proc.returncode == 0, proc.stderr
-
-    def losses(path):
-        return [json.loads(line)["loss"] for line in (path / "metrics.jsonl").read_text().splitlines()]
-
-    assert losses(part) == losses(full)  # bitwise: same batches, same frozen sets, same optimizer state
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_continues_bit_for_bit(plan_path, full_run,
+                                                                                        tmp_path):
+    out = tmp_path / "part"
+    args = ["train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "100", *FAST]
+    proc = subprocess.Popen([sys.executable, "-m", "tfrun", *args, "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline:
+        if (out / "metrics.jsonl").exists() and len(_losses(out)) >= 2:
+            proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler would
+            break
+        time.sleep(0.02)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    step = json.loads((out / "checkpoints" / "latest.json").read_text())["step"]
+    assert 2 <= step < 8 and len(_losses(out)) == step  # the step in flight finished, nothing after it
+    assert (out / "checkpoints" / f"step{step:07d}" / "index.json").exists()
+    assert f"stopped after step {step} of 8, checkpoint written; resume with: tfrun train" in stdout
+    assert f"--resume {out}" in stdout and "Traceback" not in stderr
+    assert _losses(out) == _losses(full_run[0])[:step]
+    resumed = _tfrun(*args, "--resume", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert _losses(out) == _losses(full_run[0])  # bitwise: same batches, frozen sets and optimizer state
 
 
 @pytest.mark.slow
-def test_a_dying_rank_stops_the_job_and_is_named(plan_path, tmp_path):
-    start = time.monotonic()
-    proc = _tfrun("train", "--plan", str(plan_path), "--steps", "5", "--out", str(tmp_path / "r"), *FAST,
-                  env={"TFRUN_FAULT": "1:2", "TFRUN_TIMEOUT_S": "30"})
+def test_a_rank_sigkilled_mid_step_ends_the_job_fast_and_the_resume_is_exact(plan_path, full_run, tmp_path):
+    out = tmp_path / "killed"
+    args = ["train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "2", *FAST]
+    proc = _tfrun(*args, "--out", str(out), env={"TFRUN_FAULT": "1:5:kill"})  # SIGKILL 50 ms into step 5
+    ended = time.time()
     assert proc.returncode == 1
-    assert time.monotonic() - start < 120
-    line = proc.stderr.strip().splitlines()[0]
-    assert line.startswith("error:") and "rank 1" in line, proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert ended - (out / "metrics.jsonl").stat().st_mtime < 60  # from the end of step 4 to the job's exit
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("error: rank 1 was killed by signal 9"), lines[0]
+    assert "last complete checkpoint: step 4 of 8" in lines[0] and f"--resume {out}" in lines[0]
+    resumed = _tfrun(*args, "--resume", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert _losses(out) == _losses(full_run[0])
+
+
+@pytest.mark.slow
+def test_a_truncated_newest_checkpoint_makes_the_resume_fall_back_with_a_warning(plan_path, full_run, tmp_path):
+    out = tmp_path / "damaged"
+    shutil.copytree(full_run[0], out)
+    rank_file = out / "checkpoints" / "step0000008" / "rank0.pt"
+    rank_file.write_bytes(rank_file.read_bytes()[:1000])
+    (out / "metrics.jsonl").write_text("")  # the resume rewrites it from the checkpoint it uses
+    proc = _tfrun("train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "2", *FAST,
+                  "--resume", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("warning: checkpoint step 8 is unusable: rank0.pt has 1000 bytes, the index says")
+    assert "resuming from step 6" in proc.stderr
+    assert _losses(out) == _losses(full_run[0])  # steps 6 and 7 trained again, identically
+    assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == 8
 
 
 @pytest.mark.slow

@@ -15,16 +15,17 @@ Reads only files: tfplan never imports tfrun or torch.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tfplan import plan as plan_mod
+from tfplan import summary as summary_mod
 from tfplan.actions import parse_action
 from tfplan.dag import Dag
 from tfplan.errors import TfplanError
+from tfplan.fileio import read_json
 from tfplan.simulate import Simulation, simulate
 
 
@@ -103,13 +104,51 @@ class Explanation:
         }
 
 
+def _exists(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise TfplanError(f"{path} not found: is {path.parent} a tfrun run directory with its {what}?")
+    return path
+
+
 def _read(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TfplanError(f"{path} not found: is {path.parent} a tfrun run directory with its {what}?") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise TfplanError(f"cannot read {path}: {exc}") from None
+    return read_json(_exists(path, what), what)
+
+
+def _check_run_files(run: Path, config: Any, timings: Any) -> None:
+    """The fields of run_config.json and timings.json that explain reads, with their types (one line each)."""
+    def bad(name: str, field: str, want: str) -> TfplanError:
+        return TfplanError(f"{run / name}: {field}: must be {want}")
+
+    def num(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if not isinstance(config, dict):
+        raise bad("run_config.json", "run configuration", "a JSON object")
+    order = config.get("order")
+    if not isinstance(order, list) or not all(isinstance(r, list) and all(isinstance(a, str) for a in r)
+                                              for r in order):
+        raise bad("run_config.json", "order", "a list of per-rank lists of action strings")
+    if not isinstance(config.get("plan_path"), (str, type(None))):
+        raise bad("run_config.json", "plan_path", "a string or null")
+    if not isinstance(config.get("freeze", "plan"), str):
+        raise bad("run_config.json", "freeze", "a string")
+    ratios = config.get("ratios", {})
+    if not isinstance(ratios, dict) or not all(num(v) for v in ratios.values()):
+        raise bad("run_config.json", "ratios", "an object of numbers per action")
+    if not isinstance(timings, dict):
+        raise bad("timings.json", "timings", "a JSON object")
+    actions = timings.get("actions")
+    if not isinstance(actions, dict) or not all(
+            isinstance(row, dict) and num(row.get("start_ms")) and num(row.get("duration_ms"))
+            for row in actions.values()):
+        raise bad("timings.json", "actions", "an object of {start_ms, duration_ms} per action")
+    spans = timings.get("makespan_ms")
+    if not isinstance(spans, dict) or not spans or not all(num(v) for v in spans.values()):
+        raise bad("timings.json", "makespan_ms", "a non-empty object of numbers")
+    ranks = timings.get("ranks", [])
+    if not isinstance(ranks, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("rank"), int) and num(r.get("tail_ms") or 0.0) for r in ranks):
+        raise bad("timings.json", "ranks", "a list of {rank, tail_ms}")
 
 
 def explain(run_dir: str | Path, plan_path: str | Path | None = None) -> Explanation:
@@ -122,9 +161,10 @@ def explain(run_dir: str | Path, plan_path: str | Path | None = None) -> Explana
     run = Path(run_dir)
     config = _read(run / "run_config.json", "run configuration")
     timings = _read(run / "timings.json", "timings (written at the end of a run)")
-    summary = _read(run / "summary.json", "summary")
-    if timings.get("schema_version") != 2:
+    summary = summary_mod.load(_exists(run / "summary.json", "summary"), required=("step_time_ms",))
+    if not isinstance(timings, dict) or timings.get("schema_version") != 2:
         raise TfplanError(f"{run / 'timings.json'}: written by an older tfrun (schema 2 needed); run it again")
+    _check_run_files(run, config, timings)
     path = plan_path or config.get("plan_path")
     if not path:
         raise TfplanError(f"{run}: the run names no plan; give --plan")

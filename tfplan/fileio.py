@@ -1,5 +1,6 @@
 """Atomic file writes: write a temp file in the same folder, then rename over the target, so a crash
-never leaves half a plan, profile, trace or CSV behind."""
+never leaves half a plan, profile, trace or CSV behind; and `read_json`, which turns every way a JSON file
+can be unreadable into one TfplanError line."""
 
 from __future__ import annotations
 
@@ -45,6 +46,33 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """Parse the JSON file at `path` (`what` names it in errors: "plan", "profile", ...).
+
+    Raises:
+        TfplanError: missing, unreadable, not UTF-8, invalid or too deeply nested JSON (one line each).
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TfplanError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise TfplanError(f"cannot read {what} {path}: it is a folder, not a file") from None
+    except OSError as exc:
+        raise TfplanError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TfplanError(f"{path}: not a UTF-8 text file (byte {exc.start}); is it really a {what}?") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TfplanError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise TfplanError(f"{path}: JSON nested too deeply") from None
 
 
 def json_text(obj: Any, width: int = 110, indent: str = "") -> str:

@@ -11,7 +11,7 @@ import datetime as dt
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,15 @@ from tfplan import profile as profile_mod
 from tfplan.actions import parse_action
 from tfplan.dag import Dag, build
 from tfplan.errors import TfplanError
-from tfplan.fileio import write_json_atomic, write_text_atomic
+from tfplan.fileio import read_json, write_json_atomic, write_text_atomic
 from tfplan.lp import CAP_TOL, Solution, SolverRecord
 from tfplan.simulate import Simulation, simulate
 
-SCHEMA_VERSION = 2  # 2: solver.phases[i].gap, solver.time_limit_s, status FEASIBLE, the new even_spread
+SCHEMA_VERSION = 2  # 2: solver.phases[i].gap, solver.time_limit_s, status FEASIBLE, the new even_spread,
+# profile.source (optional: plans written before it still load, with an empty source)
 READABLE_VERSIONS = (1, 2)
+MAX_SOURCE_FIELDS = 64
+"""profile.source keeps at most this many fields (a plan records provenance, not the profile's notes)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,6 +78,10 @@ class Plan:
     profile_name: str
     profile_hash: str
     """sha256 of the canonical profile JSON it was planned from."""
+    profile_source: dict[str, Any] = field(default_factory=dict)
+    """Provenance of that profile: the scalar fields of its `source` (kind; for measured profiles model,
+    microbatch_size, seq_len, schedule, num_ranks, device, torch, date; for analytic ones model, gpu, batch
+    shape); {} for plans that predate it. tfrun checks it against the run (tfrun.provenance)."""
     caps: tuple[float, ...]
     """Cap on the mean freeze ratio, per stage."""
     ratios: tuple[float, ...]
@@ -133,12 +140,25 @@ def make_plan(
         dag=dag,
         profile_name=profile.name,
         profile_hash=profile.content_hash(),
+        profile_source=source_provenance(profile.source),
         caps=tuple(caps),
         ratios=tuple(solution.ratios),
         predicted=predicted,
         solver=solution.record(),
         target_speedup=target_speedup,
     )
+
+
+def source_provenance(source: dict[str, Any]) -> dict[str, Any]:
+    """The provenance a plan keeps of its profile's source: its scalar fields (nested notes such as measured
+    fields or repeats dropped), at most MAX_SOURCE_FIELDS of them.
+
+    >>> source_provenance({"kind": "measured", "model": "tiny", "measured_fields": {"0": ["forward_ms"]}})
+    {'kind': 'measured', 'model': 'tiny'}
+    """
+    scalar = (str, int, float, bool, type(None))
+    kept = {k: v for k, v in source.items() if isinstance(k, str) and isinstance(v, scalar)}
+    return dict(list(kept.items())[:MAX_SOURCE_FIELDS])
 
 
 def to_dict(plan: Plan) -> dict[str, Any]:
@@ -161,6 +181,7 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "profile": {
             "name": plan.profile_name,
             "hash": plan.profile_hash,
+            "source": plan.profile_source,
             "p2p_ms": dag.p2p_ms,
             "dispatch_ms": dag.dispatch_ms,
             "step_overhead_ms": dag.step_overhead_ms,
@@ -280,7 +301,8 @@ def from_dict(obj: Any) -> Plan:
     plan = Plan(
         dag=dag,
         profile_name=prof.name,
-        profile_hash=str(prof_obj.get("hash", "")),
+        profile_hash=_profile_hash(prof_obj),
+        profile_source=_source(prof_obj),
         caps=tuple(float(c) for c in caps),
         ratios=ratios,
         predicted=predict(dag, ratios)[0],
@@ -292,6 +314,28 @@ def from_dict(obj: Any) -> Plan:
             raise TfplanError(f"mean_freeze_ratio: stage {s} freezes {mean:.6g} on average, above its cap {cap:g} "
                               f"(tolerance {CAP_TOL:g})")
     return plan
+
+
+def _profile_hash(prof_obj: dict[str, Any]) -> str:
+    value = prof_obj.get("hash", "")
+    if not isinstance(value, str):
+        raise TfplanError(f"profile.hash: must be a string, got {json.dumps(value)}")
+    return value
+
+
+def _source(prof_obj: dict[str, Any]) -> dict[str, Any]:
+    """profile.source: optional, an object of at most MAX_SOURCE_FIELDS strings, numbers, booleans or nulls."""
+    source = prof_obj.get("source", {})
+    if not isinstance(source, dict):
+        raise TfplanError("profile.source: must be an object")
+    if len(source) > MAX_SOURCE_FIELDS:
+        raise TfplanError(f"profile.source: at most {MAX_SOURCE_FIELDS} fields, got {len(source)}")
+    for key, value in source.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TfplanError(f"profile.source.{key}: must be finite, got {value}")
+        if not isinstance(value, (str, int, float, bool, type(None))):
+            raise TfplanError(f"profile.source.{key}: must be a string, number, boolean or null")
+    return dict(source)
 
 
 def _solver_record(obj: dict[str, Any], version: int) -> SolverRecord | None:
@@ -309,14 +353,7 @@ def load(path: str | Path) -> Plan:
         TfplanError: missing file, invalid JSON or an invalid plan (naming the file and field).
     """
     path = Path(path)
-    try:
-        obj = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TfplanError(f"plan not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise TfplanError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-    except OSError as exc:
-        raise TfplanError(f"cannot read plan {path}: {exc.strerror}") from None
+    obj = read_json(path, "plan")
     try:
         return from_dict(obj)
     except TfplanError as exc:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tfplan.errors import TfplanError
+from tfplan.fileio import read_json
 
 SCHEMA_VERSION = 2
 READS_VERSIONS = (1, 2)
@@ -346,16 +347,7 @@ def load(path: str | Path) -> Profile:
         TfplanError: missing file, invalid JSON or a schema violation (naming the file and field).
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise TfplanError(f"profile not found: {path}") from None
-    except OSError as exc:
-        raise TfplanError(f"cannot read profile {path}: {exc.strerror}") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TfplanError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    obj = read_json(path, "profile")
     try:
         return from_dict(obj)
     except TfplanError as exc:

@@ -37,7 +37,7 @@ def train_cmd(
     model: Annotated[str, typer.Option("--model", help="Model size: tiny, small, llama3.2-1b, llama3.1-8b.")] = "tiny",
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 30,
     seed: Annotated[int, typer.Option("--seed", help="Initialisation, data and freeze-selection seed.")] = 0,
-    out: Annotated[str, typer.Option("--out", help="Output folder.")] = "runs/latest",
+    out: Annotated[str | None, typer.Option("--out", help="Output folder (default runs/latest).")] = None,
     freeze: Annotated[
         str, typer.Option("--freeze", help="plan: apply the plan; none: the unfrozen baseline; all: freeze "
                                            "everything; timely: measure, plan and freeze inside the run; "
@@ -84,10 +84,24 @@ def train_cmd(
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 128,
     lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 3e-4,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Validation loss every K steps (0: end).")] = 0,
-    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Checkpoint every K (0: end).")] = 0,
+    checkpoint_every: Annotated[
+        int, typer.Option("--checkpoint-every", help="Checkpoint every K steps (0: only by time and at the end).")
+    ] = 100,
+    checkpoint_minutes: Annotated[
+        float, typer.Option("--checkpoint-minutes", help="Also checkpoint when this many minutes passed since the "
+                                                         "last one (0: off).")
+    ] = 10.0,
+    keep_checkpoints: Annotated[
+        int, typer.Option("--keep-checkpoints", help="Keep the newest K complete checkpoints (0: all; else >= 2).")
+    ] = 2,
     resume: Annotated[
-        str | None, typer.Option("--resume", help="Continue the run in this folder from its latest checkpoint.")
+        str | None, typer.Option("--resume", help="Continue the run in this folder from its newest complete "
+                                                  "checkpoint (same plan and settings; --steps may grow).")
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run a plan whose profile was measured for another model, batch shape "
+                                           "or device (summary.json then reports no prediction error).")
+    ] = False,
     data: Annotated[
         str | None, typer.Option("--data", help="Training text file, or 'stdlib' (Python source; default: "
                                                 "CPython's pydoc topics).")
@@ -139,7 +153,8 @@ def train_cmd(
 
     Starts the plan's number of ranks on this host through torch.distributed.run, or joins an external
     `torchrun` job. Writes metrics.jsonl, summary.json, profile.json and checkpoints to --out (and plan.json,
-    plans/ for timely).
+    plans/ for timely). SIGINT or SIGTERM stops after the current step with a checkpoint (a second one aborts);
+    --resume DIR continues.
 
     Examples:
       tfrun train --plan plan.json --steps 30 --out runs/plan
@@ -149,7 +164,7 @@ def train_cmd(
 
     with user_errors(TfrunError):
         config = setup.train_config(
-            plan_path=plan, model=model, steps=steps, seed=seed, out_dir=resume or out, freeze=freeze,
+            plan_path=plan, model=model, steps=steps, seed=seed, out_dir=setup.out_dir(out, resume), freeze=freeze,
             freeze_method=freeze_method, freeze_policy=freeze_policy, redraw_every=redraw_every,
             ramp_steps=ramp_steps if ramp_steps is not None else (15 if freeze == "timely" else 0),
             max_stale_steps=max_stale_steps, schedule=schedule, ranks=ranks, microbatches=microbatches,
@@ -160,14 +175,22 @@ def train_cmd(
             autofreeze_check_every=autofreeze_check_every, init_from=init_from, dp=dp,
             grad_rescale=grad_rescale, microbatch_size=microbatch_size, global_batch=global_batch,
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
+            checkpoint_minutes=checkpoint_minutes, keep_checkpoints=keep_checkpoints, force=force,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet,
         )
         if launch.under_torchrun():
             from tfrun.worker import run_worker
 
             sys.exit(run_worker(config))
-        launch.launch(config)
-        summary = json.loads((setup.out_path(config) / "summary.json").read_text())
+        stopped = launch.launch(config)
+        if stopped is not None:
+            Console(highlight=False, soft_wrap=True).print(
+                f"stopped after step {stopped.step} of {config.steps}, checkpoint written; resume with: "
+                f"{stopped.resume}", markup=False)
+            return
+        from tfplan import summary as summary_format
+
+        summary = summary_format.load(setup.out_path(config) / "summary.json")
         setup.print_summary(summary, Console(highlight=False))
 
 

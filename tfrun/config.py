@@ -7,7 +7,6 @@ as JSON (the only thing that crosses into the worker processes).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,13 @@ class TrainConfig:
     plan_path: str | None = None
     plan_profile: dict | None = None
     """The plan's profile section (per-stage costs it was planned with), JSON form."""
+    plan_hash: str | None = None
+    """sha256 of the plan file's bytes (or of the generated schedule without one); a resume refuses another.
+    Set by tfrun.setup."""
+    force: bool = False
+    """Run a plan whose profile does not match this run (tfrun.provenance); prediction_error is then null."""
+    prediction_note: str | None = None
+    """Why the plan's prediction does not apply to this run (the mismatch --force overrode); set by tfrun.setup."""
     freeze: str = "plan"
     """plan: apply the ratios; none: freeze nothing (the baseline); all: freeze everything (profiling);
     timely: measure, plan and freeze inside the run (tfrun.online); uniform: every B/W action at the plan's
@@ -77,12 +83,22 @@ class TrainConfig:
     """Evaluate validation loss every this many steps (0 = only at the end)."""
     eval_batches: int = 4
     """Validation batches per evaluation."""
-    checkpoint_every: int = 0
-    """Checkpoint every this many steps (0 = only at the end)."""
+    checkpoint_every: int = 100
+    """Checkpoint every this many steps (0 = by time and at the end only)."""
+    checkpoint_minutes: float = 10.0
+    """Also checkpoint when this many minutes passed since the last one (rank 0's clock, agreed by every rank;
+    0 = off)."""
+    keep_checkpoints: int = 2
+    """Keep the newest this many complete checkpoints (0 = all; otherwise at least 2, so a damaged newest one
+    has a predecessor)."""
     resume: bool = False
     """Continue from out_dir's latest checkpoint."""
+    resume_step: int | None = None
+    """The checkpoint (completed steps) a resume starts from: the newest that verifies; set by tfrun.setup."""
     data_path: str | None = None
     """Training text; None = CPython's pydoc topics."""
+    data_hash: str | None = None
+    """sha256 of the training text; a resume refuses other data. Set by tfrun.setup."""
     timing_warmup_steps: int = 1
     """Steps (after the ramp) left out of timing medians (the first step infers shapes)."""
     threads: int = 1
@@ -136,12 +152,15 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, obj: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(obj) - known)
-        if unknown:
-            raise TfrunError(f"run config: unknown field {unknown[0]}")
-        return cls(**obj)
+    def from_dict(cls, obj: Any) -> TrainConfig:
+        """A TrainConfig from its JSON object; every field's type is checked (tfrun.jsonfields).
+
+        Raises:
+            TfrunError: not an object, an unknown or missing field, or a value of the wrong type.
+        """
+        from tfrun.jsonfields import check_fields
+
+        return cls(**check_fields(obj, cls, "run config"))
 
     def save(self, path: str | Path) -> None:
         from tfplan.fileio import write_json_atomic
@@ -150,7 +169,18 @@ class TrainConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read run_config.json. Raises TfrunError (one line) for any unreadable or invalid file."""
+        from tfplan.errors import TfplanError
+        from tfplan.fileio import read_json
+
+        try:
+            obj = read_json(path, "run config")
+        except TfplanError as exc:
+            raise TfrunError(str(exc)) from None
+        try:
+            return cls.from_dict(obj)
+        except TfrunError as exc:
+            raise TfrunError(f"{path}: {exc}") from None
 
     def check(self) -> None:
         """Validate the settings a user chooses (one clear line per problem)."""
@@ -180,7 +210,7 @@ class TrainConfig:
                      "warmup_steps", "monitor_steps", "probe_steps"):
             if getattr(self, name) < 0:
                 raise TfrunError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.lr <= 0:
+        if not self.lr > 0:
             raise TfrunError(f"--lr must be > 0, got {self.lr}")
         if not 0 < self.apf_threshold < 1 or not 0 <= self.apf_ema < 1 or not 0 < self.autofreeze_percentile < 100:
             raise TfrunError("--apf-threshold must be in (0, 1), --apf-ema in [0, 1), --autofreeze-percentile in "
@@ -188,6 +218,11 @@ class TrainConfig:
         if self.init_from is not None and self.resume:
             raise TfrunError("--init-from starts a new run from another run's weights; --resume continues a run: "
                              "give one")
+        if not 0 <= self.checkpoint_minutes < float("inf"):
+            raise TfrunError(f"--checkpoint-minutes must be >= 0, got {self.checkpoint_minutes:g}")
+        if self.keep_checkpoints == 1 or self.keep_checkpoints < 0:
+            raise TfrunError(f"--keep-checkpoints must be 0 (keep all) or >= 2 (so that a damaged newest checkpoint "
+                             f"has a predecessor), got {self.keep_checkpoints}")
         if self.freeze == "timely":
             if self.plan_path is None and (self.monitor_steps < 2 or self.probe_steps < 1):
                 raise TfrunError("--freeze timely needs --monitor-steps >= 2 and --probe-steps >= 1 (or a --plan)")

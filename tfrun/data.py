@@ -30,6 +30,10 @@ MIN_CORPUS_BYTES = 4096
 """Smallest corpus accepted, in bytes: enough for a validation tail and a few sequences."""
 
 
+BINARY_PROBE_BYTES = 8192
+"""A --data file with a NUL byte in its first this many bytes is refused as binary."""
+
+
 class DataError(TfrunError):
     """A data problem the user can fix (missing or too-short file, batch not divisible, bad resume state)."""
 
@@ -91,7 +95,8 @@ def load_corpus(path: str | None, *, min_bytes: int = MIN_CORPUS_BYTES) -> bytes
     source for `path` == "stdlib" (a file of that name in the current folder wins).
 
     Raises:
-        DataError: the file is missing, unreadable, or shorter than `min_bytes`.
+        DataError: the file is missing, unreadable, binary (a NUL byte in its first BINARY_PROBE_BYTES) or
+            shorter than `min_bytes`.
     """
     if path is None:
         data = default_corpus()
@@ -100,11 +105,15 @@ def load_corpus(path: str | None, *, min_bytes: int = MIN_CORPUS_BYTES) -> bytes
     else:
         file = Path(path)
         if not file.is_file():
-            raise DataError(f"--data {path}: no such file")
+            raise DataError(f"--data {path}: {'a folder, not a file' if file.is_dir() else 'no such file'}")
         try:
             data = file.read_bytes()
         except OSError as exc:
             raise DataError(f"--data {path}: cannot read ({exc.strerror})") from exc
+        nul = data.find(b"\0", 0, BINARY_PROBE_BYTES)  # git's test for binary files: text has no NUL bytes
+        if nul >= 0:
+            raise DataError(f"--data {path}: looks binary (a NUL byte at offset {nul}); tfrun trains a byte-level "
+                            f"language model on text")
     if len(data) < min_bytes:
         where = "default corpus" if path is None else f"--data {path}"
         raise DataError(f"{where}: {len(data)} bytes, need at least {min_bytes}")

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tfplan import profile as profile_mod
+from tfplan import summary as summary_format
 from tfplan.fileio import write_json_atomic, write_text_atomic
 from tfrun.config import TrainConfig
 from tfrun.timing import (
@@ -32,6 +33,7 @@ from tfrun.timing import (
 )
 
 FREEZE_STATS_VERSION = 1
+SUMMARY_VERSION = summary_format.SCHEMA_VERSION  # tfplan.summary validates summary.json
 
 
 def write_metrics(out: Path, metrics: list[dict]) -> None:
@@ -51,15 +53,26 @@ def _median(values: list[float]) -> float:
 
 def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime], stats: list[dict]) -> dict:
     """summary.json: medians over the timed steps (after the ramp and the timing warm-up), the realised freeze
-    ratios (means over the steps after the ramp) and the per-tensor update extremes of freeze_stats.json."""
+    ratios (means over the steps after the ramp) and the per-tensor update extremes of freeze_stats.json.
+
+    Note [no timed step]: when the run is too short to time any step (steps <= ramp + timing warm-up), the
+    medians are over every step, warm-up included; summary.json then says so (timed_steps 0, timing_note)
+    and reports no prediction error (`caveats`)."""
     metrics = step_rows(metrics)
-    timed = [row for row in metrics if row.get("timed")] or metrics
+    timed = [row for row in metrics if row.get("timed")]
+    if not timed:
+        timed, note = metrics, (f"no timed step (steps {len(metrics)} <= ramp {config.ramp_steps} + timing warm-up "
+                                f"{config.timing_warmup_steps}): step_time_ms and tokens_per_s are medians over "
+                                f"all {len(metrics)} steps, warm-up included")
+    else:
+        note = None
     full = [row for row in metrics if row["step"] >= config.ramp_steps] or metrics
     step_ms = _median([row["step_time_ms"] for row in timed])
     predicted = config.predicted_step_ms
     evals = [row["eval_loss"] for row in metrics if "eval_loss" in row]
     spans = makespans(records)
     return {
+        "schema_version": SUMMARY_VERSION,
         "schedule": config.schedule_name,
         "model": config.model,
         "freeze": config.freeze,
@@ -69,12 +82,14 @@ def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime
         "num_stages": config.num_stages,
         "num_microbatches": config.num_microbatches,
         "steps": len(metrics),
-        "timed_steps": len(timed),
+        "timed_steps": len(timed) if note is None else 0,
+        "timing_note": note,
         "step_time_ms": step_ms,
         "tokens_per_s": _median([row["tokens_per_s"] for row in timed]),
         "measured_makespan_ms": _median(list(spans.values())),
         "predicted_step_ms": predicted,
         "prediction_error": (step_ms - predicted) / predicted if predicted else None,
+        "prediction_note": None,
         "mean_freeze_ratio": [
             _median([row["freeze_ratio"][s] for row in timed]) for s in range(config.num_stages)
         ],
@@ -90,6 +105,19 @@ def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime
         "final_train_loss": metrics[-1]["loss"] if metrics else None,
         "final_eval_loss": evals[-1] if evals else None,
     }
+
+
+def caveats(config: TrainConfig, summary: dict) -> dict:
+    """What overrides the prediction error: the plan's profile does not match the run (a --force'd
+    mismatch, tfrun.provenance) or no step was timed (Note [no timed step]); {} when neither applies."""
+    notes = []
+    if config.prediction_note:
+        notes.append(f"the plan's profile does not match this run (--force): {config.prediction_note}")
+    if summary.get("timing_note") and summary.get("predicted_step_ms") is not None:
+        notes.append("no timed step to compare with the prediction")
+    if not notes:
+        return {}
+    return {"prediction_error": None, "prediction_note": "; ".join(notes)}
 
 
 def planned_stage_means(config: TrainConfig) -> list[float]:
@@ -178,6 +206,7 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
         "model": config.model,
         "schedule": config.schedule_name,
         "freeze": config.freeze,
+        "num_ranks": config.num_ranks,
         "microbatch_size": config.microbatch_size,
         "seq_len": config.seq_len,
         "num_microbatches": config.num_microbatches,

@@ -18,12 +18,12 @@ replay gap of its primary run); every candidate's score is recorded in the profi
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
 from tfplan import profile as profile_mod
 from tfplan import schedules
+from tfplan import summary as summary_format
 from tfrun.config import TrainConfig
 from tfrun.errors import TfrunError
 
@@ -69,7 +69,8 @@ def measure(
                 eval_batches=1, quiet=True, timing_warmup_steps=2, dp=dp,
             )
             config.check()
-            launch(config)
+            if launch(config) is not None:
+                raise TfrunError(f"profiling stopped by a signal during run {name} ({folder / name})")
         prof = combine(folder, model=model, schedule=primary.name, num_stages=primary.num_stages, split=split)
         candidates.append((score(prof), str(folder), prof))
     best = min(candidates, key=lambda c: c[0])
@@ -92,7 +93,7 @@ def _fields(prof: profile_mod.Profile) -> dict:
 def combine(root: Path, *, model: str, schedule: str, num_stages: int, split: bool) -> profile_mod.Profile:
     """One profile from the four runs (which run gives which field: module docstring)."""
     profiles = {name: profile_mod.load(root / name / "profile.json") for name, *_ in RUNS}
-    summaries = {name: json.loads((root / name / "summary.json").read_text()) for name, *_ in RUNS}
+    summaries = {name: summary_format.load(root / name / "summary.json") for name, *_ in RUNS}
     full_src = "counterpart" if split else "primary"
     split_src = "primary" if split else "counterpart"
 

@@ -1,11 +1,17 @@
-"""From the user's options and plan file to a validated TrainConfig, before any rank starts."""
+"""From the user's options and plan file to a validated TrainConfig, before any rank starts: the plan's
+provenance (tfrun.provenance), the data, the checkpoint a resume starts from and the output folder are all
+checked here, so that a mistake is one line and nothing is written."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tfrun.config import PLANNED, TrainConfig
 from tfrun.errors import TfrunError
@@ -24,6 +30,7 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
     from tfplan import plan as plan_mod
     from tfplan import profile as profile_mod
     from tfplan import schedules
+    from tfrun import provenance
     from tfrun.runtime import check_torch
 
     check_torch()
@@ -35,10 +42,12 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
             raise TfrunError("--freeze timely without --plan needs --schedule, --ranks and --microbatches")
         spec = schedules.get_spec(schedule)
         sched = schedules.generate(spec.name, ranks, microbatches, stages_per_rank or spec.default_stages_per_rank)
-        config = TrainConfig(order=[[str(a) for a in row] for row in sched.order], num_stages=sched.num_stages,
+        order = [[str(a) for a in row] for row in sched.order]
+        config = TrainConfig(order=order, num_stages=sched.num_stages,
                              num_microbatches=microbatches, stage_to_rank=list(sched.stage_to_rank),
                              schedule_name=sched.name, microbatch_size=_microbatch_size(
-                                 global_batch, microbatches, microbatch_size, options.get("dp", 1)), **options)
+                                 global_batch, microbatches, microbatch_size, options.get("dp", 1)),
+                             plan_hash=provenance.order_hash(order), **options)
         return _checked(config)
     if schedule is not None or ranks is not None or microbatches is not None or stages_per_rank is not None:
         raise TfrunError("--schedule, --ranks, --microbatches and --stages-per-rank come from the plan; "
@@ -72,10 +81,13 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
         predicted_step_ms=predicted,
         plan_path=str(plan_path),
         plan_profile=base.to_dict(),
+        plan_hash=provenance.sha256_bytes(Path(plan_path).read_bytes()),
         microbatch_size=microbatch_size,
         **options,
     )
-    return _checked(config)
+    config.check()
+    note = provenance.check_plan_profile(str(plan_path), plan.profile_source, config, config.force)
+    return _checked(dataclasses.replace(config, prediction_note=note))
 
 
 def _microbatch_size(global_batch: int | None, m: int, microbatch_size: int, dp: int = 1) -> int:
@@ -91,15 +103,64 @@ def _microbatch_size(global_batch: int | None, m: int, microbatch_size: int, dp:
 
 
 def _checked(config: TrainConfig) -> TrainConfig:
-    from tfrun.data import load_corpus
+    """The checks that need more than the options: data, resume, output folder (in that order)."""
+    from tfrun import checkpoint, provenance
 
     config.check()
-    if config.init_from is not None and not (Path(config.init_from) / "checkpoints" / "latest.json").exists():
+    if config.init_from is not None and checkpoint.read_latest(Path(config.init_from)) is None:
         raise TfrunError(f"--init-from {config.init_from}: no checkpoint there (checkpoints/latest.json missing)")
-    load_corpus(config.data_path)  # fail before launching if --data is missing or too short
-    if config.resume and not (Path(config.out_dir) / "checkpoints" / "latest.json").exists():
-        raise TfrunError(f"--resume {config.out_dir}: no checkpoint there (checkpoints/latest.json missing)")
+    data = _check_data(config)
+    config = dataclasses.replace(config, data_hash=provenance.sha256_bytes(data))
+    out = Path(config.out_dir)
+    warnings: list[str] = []
+    if config.resume:
+        if not (out / "checkpoints").is_dir():
+            raise TfrunError(f"--resume {out}: no checkpoint there (no checkpoints folder)")
+        step, identity, warnings = checkpoint.choose(out, config.num_ranks)
+        change = provenance.identity_change(identity, config)
+        if change is not None:
+            raise TfrunError(f"--resume {out}: {change}; a resumed run must keep it (start a new --out to change it)")
+        if step > config.steps:
+            raise TfrunError(f"--resume {out}: the checkpoint has {step} steps, more than --steps {config.steps}")
+        config = dataclasses.replace(config, resume_step=step)
+    warnings += provenance.check_out(out, config)
+    for line in warnings:
+        warn(line)
     return config
+
+
+def _check_data(config: TrainConfig) -> bytes:
+    """The training text, refused before launching when missing, binary, or too short for one training and
+    one validation sequence (the split and the windows of tfrun.data)."""
+    import torch
+
+    from tfrun.data import Batches, eval_batches, load_corpus, split_tokens
+
+    data = load_corpus(config.data_path)
+    where = "default corpus" if config.data_path is None else f"--data {config.data_path}"
+    train, val = split_tokens(torch.zeros(1, dtype=torch.uint8).expand(len(data)))  # lengths only, no copy
+    try:
+        Batches(train, global_batch=config.global_batch, seq_len=config.seq_len, seed=config.seed)
+        eval_batches(val, batch_size=config.global_batch, seq_len=config.seq_len, num_batches=config.eval_batches)
+    except TfrunError as exc:
+        raise TfrunError(f"{where}: {exc} (--seq-len {config.seq_len}; validation is the last 5%)") from None
+    return data
+
+
+def warn(line: str) -> None:
+    """A warning on stderr, from the launcher or rank 0 only."""
+    if os.environ.get("RANK", "0") == "0":
+        Console(stderr=True, highlight=False, soft_wrap=True).print(Text.assemble(("warning:", "yellow"), " ", line))
+        sys.stderr.flush()
+
+
+def out_dir(out: str | None, resume: str | None) -> str:
+    """--out and --resume: a resumed run writes where it was checkpointed; both naming different folders is
+    a mistake (one line)."""
+    if resume is not None and out is not None and Path(out).resolve() != Path(resume).resolve():
+        raise TfrunError(f"--out {out} and --resume {resume} name different folders; a resumed run continues in "
+                         f"its own folder: give --resume {resume} alone")
+    return resume or out or "runs/latest"
 
 
 def out_path(config: TrainConfig) -> Path:

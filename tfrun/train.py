@@ -19,8 +19,10 @@ from tfrun.config import TrainConfig
 from tfrun.data import Batches, encode, eval_batches, load_corpus, split_tokens
 from tfrun.model import MODELS, build_stage, count_params
 from tfrun.online import OnlinePlanner
+from tfrun.provenance import run_identity
 from tfrun.rank import Rank, build_rank, replica_rows
 from tfrun.runtime import StepState
+from tfrun.signals import StepControl, StopRequest
 from tfrun.timing import gather_records
 
 log = logging.getLogger(__name__)
@@ -32,8 +34,9 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def run(config: TrainConfig, fault_hook=None) -> dict | None:
-    """Train on this rank; returns the summary on rank 0 (None elsewhere). The process group is set up."""
+def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -> dict | None:
+    """Train on this rank; returns the summary on rank 0 (None elsewhere, and when `stop` ended the run early:
+    tfrun.signals Note [graceful stop]). The process group is set up."""
     rank = dist.get_rank()
     torch.set_num_threads(config.threads)
     device = _device()
@@ -54,9 +57,10 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
     metrics: list[dict] = []
     start = 0
     if config.resume:
-        start, metrics = checkpoint.load(out, r.pp_rank, modules, optimizer, batches, freezer, online)
+        start, metrics = checkpoint.load(out, r.pp_rank, modules, optimizer, batches, freezer, online,
+                                         step=config.resume_step)
     elif config.init_from is not None:
-        checkpoint.load_weights(Path(config.init_from), r.pp_rank, modules, config.dp)
+        checkpoint.load_weights(Path(config.init_from), r.pp_rank, modules, config.num_ranks)
     if online is not None and rank == 0:
         print(online.describe(), flush=True)
 
@@ -73,6 +77,7 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         return _from_last_stage(total / len(evals), has_last, device, r.dp)
 
     progress = _Progress(rank == 0 and not config.quiet, config.steps, start)
+    control = StepControl(config, stop, device)
     for step in range(start, config.steps):
         if fault_hook is not None:
             fault_hook(step)
@@ -111,10 +116,15 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         if rank == 0:
             measure.write_metrics(out, metrics)
         progress.update(row)
-        if (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0) or last:
+        if control.after_step(step, last):
             checkpoint.save(out, r.pp_rank, step + 1, modules, optimizer, batches, freezer, metrics, online,
-                            write=r.dp_rank == 0)
+                            run=run_identity(config), keep=config.keep_checkpoints, dp=config.dp)
+        if control.stopping:
+            break
     progress.close()
+    if control.stopping:
+        control.report(step + 1)
+        return None
 
     records, spans = gather_records(timer.records), gather_records(timer.spans)
     stats = _gather_stats(r)
@@ -130,6 +140,7 @@ def run(config: TrainConfig, fault_hook=None) -> dict | None:
         summary["predicted_step_ms"] = summary["stable_predicted_step_ms"]
         summary["prediction_error"] = summary["stable_prediction_error"]
         plan_profile = online.profile()
+    summary |= measure.caveats(config, summary)
     (out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
     measure.write_outputs(out, config, summary, records, stats, spans, plan_profile)
     return summary

@@ -1,0 +1,162 @@
+"""Write the hostile-input corpus's input files (the expectations live in manifest.json, written by hand):
+
+    PYTHONPATH=. python tests/bad_inputs/make.py
+
+Everything derives from one valid plan (`valid-plan.json`: 1F1B, 2 ranks, 4 micro-batches, a hand profile) and
+one valid run config, each broken in one way. Run it again after a format change and review the diff.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _write(rel: str, content: str | bytes) -> None:
+    path = HERE / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+
+
+def _json(rel: str, obj) -> None:
+    _write(rel, json.dumps(obj, indent=1) + "\n")
+
+
+def _valid_plan() -> dict:
+    from tfplan import dag, plan, profile, schedules, solver
+
+    prof = profile.uniform(2, name="unit")
+    d = dag.build(schedules.generate("1f1b", 2, 4), prof)
+    obj = plan.to_dict(plan.make_plan(d, solver.solve(d, 0.9), [0.9, 0.9], prof))
+    obj["created"] = "2026-12-01T00:00:00Z"
+    obj["solver"] = None  # no timings: the file stays byte-identical when regenerated
+    return obj
+
+
+def plans(valid: dict) -> None:
+    _json("valid-plan.json", valid)
+
+    def variant(name: str, change) -> None:
+        obj = copy.deepcopy(valid)
+        change(obj)
+        _write(f"plans/{name}.json", json.dumps(obj, indent=1) + "\n")  # NaN stays a JSON NaN literal
+
+    _write("plans/empty.json", "")
+    _write("plans/binary.json", bytes(range(256)) * 4)
+    _write("plans/not-json.json", '{"schema_version": 2, "schedule": ')
+    _write("plans/array.json", "[]\n")
+    _write("plans/deep.json", "[" * 5_000 + "]" * 5_000)
+    variant("schema-9", lambda o: o.update(schema_version=9))
+    variant("no-schedule", lambda o: o.pop("schedule"))
+    variant("bad-action", lambda o: o["schedule"]["order"][0].__setitem__(0, "0X0"))
+    freezable = next(i for i, a in enumerate(valid["actions"]) if a["max_ms"] > a["min_ms"])
+    variant("ratio-above-one", lambda o: o["actions"][freezable].update(freeze_ratio=1.5))
+    variant("ratio-nan", lambda o: o["actions"][freezable].update(freeze_ratio=float("nan")))
+    variant("missing-action", lambda o: o["actions"].pop())
+    variant("cap-exceeded", lambda o: o.update(max_freeze_ratio=[0.1, 0.1]))
+    variant("microbatches-string", lambda o: o["schedule"].update(num_microbatches="4"))
+    variant("ranks-mismatch", lambda o: o["schedule"].update(num_ranks=3))
+    nested = {"kind": "measured", "model": {"name": "tiny"}}
+    variant("source-nested", lambda o: o["profile"].update(source=nested))
+    measured = {"kind": "measured", "tool": "tfrun", "model": "small", "microbatch_size": 4, "seq_len": 128,
+                "device": "cpu", "threads_per_rank": 1, "torch": "2.13.0+cpu"}
+    variant("other-model", lambda o: o["profile"].update(source=measured))
+    variant("other-shape", lambda o: o["profile"].update(source=measured | {"model": "tiny"}))
+    analytic = {"kind": "analytic", "model": "llama3.1-8b", "gpu": "h200", "microbatch_size": 1, "seq_len": 2048}
+    variant("analytic-h200", lambda o: o["profile"].update(source=analytic))
+
+
+def profiles() -> None:
+    stage = {"forward_ms": 1.0, "backward_ms": 2.0, "backward_frozen_ms": 1.0, "backward_input_ms": 1.0,
+             "backward_weight_ms": 1.0, "backward_weight_frozen_ms": 0.0}
+    valid = {"schema_version": 2, "name": "p", "source": {"kind": "hand"}, "p2p_ms": 0.0,
+             "stages": [dict(stage), dict(stage)]}
+
+    def variant(name: str, change) -> None:
+        obj = copy.deepcopy(valid)
+        change(obj)
+        _json(f"profiles/{name}.json", obj)
+
+    _write("profiles/empty.json", "")
+    _write("profiles/binary.json", b"\x89PNG\r\n\x1a\n" + bytes(200))
+    variant("negative", lambda o: o["stages"][1].update(forward_ms=-1.0))
+    variant("both-stages-layers", lambda o: o.update(layers=o["stages"]))
+    variant("unknown-field", lambda o: o.update(speed="fast"))
+    variant("frozen-above-full", lambda o: o["stages"][0].update(backward_frozen_ms=5.0))
+    variant("string-number", lambda o: o.update(p2p_ms="0.1"))
+    variant("schema-0", lambda o: o.update(schema_version=0))
+    variant("empty-stages", lambda o: o.update(stages=[]))
+    variant("bool-number", lambda o: o["stages"][0].update(forward_ms=True))
+
+
+def configs(valid: dict) -> None:
+    base = {"order": valid["schedule"]["order"], "num_stages": 2, "num_microbatches": 4, "stage_to_rank": [0, 1]}
+
+    def variant(name: str, change) -> None:
+        obj = copy.deepcopy(base)
+        change(obj)
+        _json(f"configs/{name}.json", obj)
+
+    _write("configs/not-json.json", "order: [[0F0]]\n")
+    _write("configs/array.json", "[1, 2]\n")
+    variant("unknown-field", lambda o: o.update(learning_rate=0.1))
+    variant("missing-order", lambda o: o.pop("order"))
+    variant("steps-string", lambda o: o.update(steps="ten"))
+    variant("seed-bool", lambda o: o.update(seed=True))
+    variant("steps-zero", lambda o: o.update(steps=0))
+    variant("order-not-list", lambda o: o.update(order="0F0 0B0"))
+    variant("lr-nan", lambda o: o.update(lr=float("nan")))
+
+
+def data() -> None:
+    _write("data/empty.txt", b"")
+    _write("data/binary.bin", (b"\x7fELF\x02\x01\x01\x00" + bytes(range(256))) * 20)
+    _write("data/tiny.txt", b"too short to train on\n" * 4)
+    line = b"The quick brown fox jumps over the lazy dog.\n"
+    _write("data/short-for-seq.txt", line * (5000 // len(line) + 1))
+
+
+def runs() -> None:
+    shutil.rmtree(HERE / "runs", ignore_errors=True)
+    _write("runs/no-checkpoints/README", "A run folder without a checkpoints folder.\n")
+    _write("runs/garbage-latest/checkpoints/latest.json", "garbage\n")
+
+    def checkpoint(run: str, world: int, change=None) -> None:
+        files = {}
+        for r in range(world):
+            blob = f"not a real checkpoint of rank {r}\n".encode()
+            _write(f"runs/{run}/checkpoints/step0000002/rank{r}.pt", blob)
+            files[f"rank{r}.pt"] = {"bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+        index = {"schema_version": 1, "step": 2, "world_size": world, "time": 0.0, "files": files, "run": {}}
+        if change is not None:
+            change(index)
+        _json(f"runs/{run}/checkpoints/step0000002/index.json", index)
+        _json(f"runs/{run}/checkpoints/latest.json", {"step": 2, "world_size": world})
+
+    checkpoint("truncated", 2, lambda i: i["files"]["rank1.pt"].update(bytes=1000))
+    checkpoint("bad-index", 2, lambda i: i.update(schema_version=7))
+    checkpoint("four-ranks", 4)
+    _json("runs/bad-summary/run_config.json", {"order": [["0F0"]], "plan_path": None, "freeze": "plan"})
+    _json("runs/bad-summary/timings.json", {"schema_version": 2, "actions": {}, "makespan_ms": {"3": 1.0}})
+    _json("runs/bad-summary/summary.json", {"step_time_ms": "fast"})
+    _json("runs/bad-config/run_config.json", {"order": 5, "freeze": "plan"})
+    _json("runs/bad-config/timings.json", {"schema_version": 2, "actions": {}, "makespan_ms": {"3": 1.0}})
+    _json("runs/bad-config/summary.json", {"step_time_ms": 10.0})
+
+
+def main() -> None:
+    valid = _valid_plan()
+    plans(valid)
+    profiles()
+    configs(valid)
+    data()
+    runs()
+
+
+if __name__ == "__main__":
+    main()
