@@ -35,7 +35,7 @@ FIELDS: dict[str, str] = {
     "final_train_loss": "num?", "final_eval_loss": "num?",
     "phases": "list", "stable_step_time_ms": "num?", "stable_predicted_step_ms": "num?",
     "stable_prediction_error": "num?", "outside_stable_share": "num?", "solve_s": "list[num]", "plans": "list",
-    "replans": "int",
+    "replans": "int", "dp": "int",
 }
 REQUIRED = ("schedule", "model", "freeze", "steps", "step_time_ms", "tokens_per_s", "mean_freeze_ratio",
             "final_train_loss")

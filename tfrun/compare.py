@@ -81,13 +81,20 @@ def _caps(run: Run) -> str:
 
 def load_run(path: str | Path) -> Run:
     """Read a run directory; one clear line if it is not a finished tfrun run."""
+    from tfplan import summary as summary_mod
+    from tfplan.errors import TfplanError
+
     folder = Path(path)
     try:
         config = json.loads((folder / "run_config.json").read_text())
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = summary_mod.load(folder / "summary.json", required=("tokens_per_s", "final_train_loss"))
         rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     except FileNotFoundError as exc:
         raise TfrunError(f"{folder}: not a finished tfrun run ({Path(exc.filename).name} missing)") from None
+    except TfplanError as exc:
+        if "not found" in str(exc):
+            raise TfrunError(f"{folder}: not a finished tfrun run (summary.json missing)") from None
+        raise TfrunError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise TfrunError(f"{folder}: unreadable run files ({exc})") from None
     steps = [r for r in rows if "event" not in r]
