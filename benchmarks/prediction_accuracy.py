@@ -34,23 +34,26 @@ def _run(cmd: list[str]) -> str:
     return proc.stdout
 
 
+DP = 1  # --dp: replicas of the pipeline in every profile and run (4 processes at 2)
+
+
 def profile(root: Path, schedule: str, v: int, steps: int, tag: str) -> Path:
     out = root / f"profile-{schedule}-{tag}.json"
     _run(["tfplan", "profile", "--model", MODEL, "--stages", str(RANKS), "--stages-per-rank", str(v),
           "--microbatches", str(M), "--schedule", schedule, "--steps", str(steps), "--microbatch-size",
-          str(MB_SIZE), "--seq-len", str(SEQ), "-o", str(out), "--json"])
+          str(MB_SIZE), "--seq-len", str(SEQ), "--dp", str(DP), "-o", str(out), "--json"])
     return out
 
 
 def train(root: Path, plan: Path, freeze: str, tag: str) -> dict:
     out = root / f"{plan.stem}-{freeze}-{tag}"
     _run(["tfrun", "train", "--plan", str(plan), "--freeze", freeze, "--steps", str(STEPS), "--out", str(out),
-          "--quiet", "--microbatch-size", str(MB_SIZE), "--seq-len", str(SEQ)])
+          "--quiet", "--microbatch-size", str(MB_SIZE), "--seq-len", str(SEQ), "--dp", str(DP)])
     return json.loads((out / "summary.json").read_text()) | {"dir": str(out)}
 
 
 def closed_loop(root: Path, schedules: list[str], rounds: int) -> None:
-    print(f"closed loop, tiny model, {RANKS} gloo ranks, M = {M}, {MB_SIZE} x {SEQ} tokens, cap {CAP}, "
+    print(f"closed loop, tiny model, {RANKS} gloo ranks x {DP} replicas, M = {M}, {MB_SIZE} x {SEQ} tokens, cap {CAP}, "
           f"{STEPS} training steps per run; load average {os.getloadavg()[0]:.2f}")
     print(f"{'schedule':18s} {'round':>5s} {'pred none':>9s} {'meas none':>9s} {'err':>7s} {'pred plan':>9s} "
           f"{'meas plan':>9s} {'err':>7s} {'speedup':>7s} {'pred':>6s}  profile quality")
@@ -100,8 +103,11 @@ def main() -> None:
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--stability", action="store_true")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas (the profile measures them too)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    global DP
+    DP = args.dp
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="prediction-"))
     root.mkdir(parents=True, exist_ok=True)
     if args.stability:
