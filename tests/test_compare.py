@@ -56,6 +56,20 @@ def test_table_json_and_time_to_target(tmp_path):
     assert timely["time_to_target_s"] == pytest.approx(10 * 0.4)  # 1.4 at step 9 (1.9 at step 4 is not yet)
     assert apf["time_to_target_s"] is None and apf["eval_gap"] == pytest.approx(0.1 / 1.5)
     assert timely["mean_freeze_ratio"] == pytest.approx(0.4)  # mean over stages (0.2, 0.6) and steps
+    # equal time: timely ends after 4.0 s, when none (evals at 2.5 s: 2.0 and 5.0 s: 1.5) was at 1.7
+    assert timely["baseline_eval_at_same_time"] == pytest.approx(1.7)
+    assert timely["eval_gap_same_time"] == pytest.approx((1.4 - 1.7) / 1.7)
+    assert none["eval_gap_same_time"] == 0.0
+    assert apf["baseline_eval_at_same_time"] == pytest.approx(1.6)  # after 4.5 s
+
+
+def test_loss_at_interpolates_between_evaluations_and_never_extrapolates():
+    from tfrun.compare import loss_at
+
+    points = [(4, 2.0, 3.0), (9, 4.0, 1.0)]
+    assert loss_at(points, 3.0) == pytest.approx(2.0)
+    assert loss_at(points, 2.0) == 3.0 and loss_at(points, 4.0) == 1.0
+    assert loss_at(points, 1.9) is None and loss_at(points, 4.1) is None and loss_at([], 1.0) is None
 
 
 def test_the_command_line_prints_writes_json_and_a_png(tmp_path):

@@ -206,7 +206,8 @@ def compare_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """What each method buys and costs: tokens/s and speedup against the unfrozen run, realised freeze ratio,
-    final train and eval loss, eval gap and the training time to reach the unfrozen run's final eval loss.
+    final train and eval loss, eval gap (also against the unfrozen run after the same training time) and the
+    training time to reach the unfrozen run's final eval loss.
 
     Example: tfrun compare runs/none runs/plan runs/apf --plot compare.png
     """
@@ -230,7 +231,7 @@ def compare_cmd(
         table = Table(title=f"against {base.dir} (target eval loss {result['target_eval_loss']:.4f})",
                       title_justify="left", show_edge=False)
         for col in ("run", "method", "tokens/s", "speedup", "freeze ratio", "train loss", "eval loss", "eval gap",
-                    "time to target"):
+                    "gap at equal time", "time to target"):
             table.add_column(col, justify="left" if col in ("run", "method") else "right")
         for row in result["runs"]:
             ratio = (" ".join(f"{r:.2f}" for r in row["freeze_ratio_per_stage"] or []) if per_stage
@@ -240,6 +241,7 @@ def compare_cmd(
                           f"{row['speedup']:.3f}", ratio, f"{row['final_train_loss']:.4f}",
                           f"{row['final_eval_loss']:.4f}" if row["final_eval_loss"] is not None else "-",
                           f"{row['eval_gap']:+.2%}" if row["eval_gap"] is not None else "-",
+                          f"{row['eval_gap_same_time']:+.2%}" if row["eval_gap_same_time"] is not None else "-",
                           f"{reached:.0f} s" if reached is not None else "not reached")
         console = Console(highlight=False)
         console.print(table)

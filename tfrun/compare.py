@@ -4,7 +4,9 @@ One row per run: method, tokens/s and speedup against the baseline (the `--freez
 `--baseline DIR`), the realised mean freeze ratio (over stages and steps), final train and eval loss, the
 eval gap to the baseline and the time to target: the training wall time (the sum of step times, evaluation
 excluded, as every run evaluates alike) until the run's eval loss first reaches the baseline's final eval
-loss, or None. Runs that are not comparable (model, data, seed, batch shape) are refused unless forced.
+loss, or None. And the gap at equal time: the run's final eval loss against the baseline's eval loss after
+the same training time (linear between the baseline's evaluations; None outside them), which is what a
+faster method that ends at a higher loss must beat: the baseline stopped early. Runs that are not comparable (model, data, seed, batch shape) are refused unless forced.
 Reads only files (metrics.jsonl, summary.json, run_config.json); no torch.
 """
 
@@ -129,6 +131,17 @@ def pick_baseline(runs: list[Run], baseline: str | None, force: bool = False) ->
     return nones[0]
 
 
+def loss_at(points: list[tuple[int, float, float]], seconds: float) -> float | None:
+    """Eval loss after `seconds` of training, linear between evaluations; None before the first or after the
+    last (no extrapolation)."""
+    for (_, t0, l0), (_, t1, l1) in zip(points, points[1:]):
+        if t0 <= seconds <= t1:
+            return l0 if t1 == t0 else l0 + (l1 - l0) * (seconds - t0) / (t1 - t0)
+    if points and abs(points[-1][1] - seconds) <= 1e-9 * max(1.0, seconds):
+        return points[-1][2]
+    return None
+
+
 def compare(runs: list[Run], base: Run) -> dict:
     """The comparison as JSON: {"baseline": DIR, "runs": [...]} (module docstring)."""
     target = base.summary.get("final_eval_loss")
@@ -136,6 +149,8 @@ def compare(runs: list[Run], base: Run) -> dict:
     for run in runs:
         s = run.summary
         reached = next((sec for _, sec, loss in run.eval_points if target is not None and loss <= target), None)
+        last = run.eval_points[-1] if run.eval_points else None
+        base_then = loss_at(base.eval_points, last[1]) if last else None
         rows.append({
             "dir": run.dir, "method": run.method, "tokens_per_s": s["tokens_per_s"],
             "speedup": s["tokens_per_s"] / base.summary["tokens_per_s"],
@@ -144,6 +159,8 @@ def compare(runs: list[Run], base: Run) -> dict:
             "final_train_loss": s["final_train_loss"], "final_eval_loss": s.get("final_eval_loss"),
             "eval_gap": (s["final_eval_loss"] - target) / target if target and s.get("final_eval_loss") else None,
             "time_to_target_s": reached,
+            "baseline_eval_at_same_time": base_then,
+            "eval_gap_same_time": (last[2] - base_then) / base_then if base_then else None,
         })
     return {"baseline": base.dir, "target_eval_loss": target, "runs": rows}
 
