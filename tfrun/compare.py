@@ -6,7 +6,8 @@ eval gap to the baseline and the time to target: the training wall time (the sum
 excluded, as every run evaluates alike) until the run's eval loss first reaches the baseline's final eval
 loss, or None. And the gap at equal time: the run's final eval loss against the baseline's eval loss after
 the same training time (linear between the baseline's evaluations; None outside them), which is what a
-faster method that ends at a higher loss must beat: the baseline stopped early. Runs that are not comparable (model, data, seed, batch shape) are refused unless forced.
+faster method that ends at a higher loss must beat: the baseline stopped early. Runs that are not
+comparable (model, data, seed, batch shape) are refused unless forced.
 Reads only files (metrics.jsonl, summary.json, run_config.json); no torch.
 """
 
