@@ -243,7 +243,8 @@ def compare_cmd(
                           f"{row['eval_gap']:+.2%}" if row["eval_gap"] is not None else "-",
                           f"{row['eval_gap_same_time']:+.2%}" if row["eval_gap_same_time"] is not None else "-",
                           f"{reached:.0f} s" if reached is not None else "not reached")
-        console = Console(highlight=False)
+        # off a terminal rich assumes 80 columns and wraps every cell; a file gets the table whole
+        console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
         console.print(table)
         if plot:
             console.print(f"plot written to {plot}")

@@ -174,19 +174,21 @@ def plot(runs: list[Run], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    for run in runs:
+    colors = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20").colors  # one colour per run
+    for run, color in zip(runs, colors * (len(runs) // len(colors) + 1)):
         pts = run.eval_points
         label = f"{run.method} ({Path(run.dir).name})"
-        line = axes[0][0].plot([p[0] for p in pts], [p[2] for p in pts], marker=".", label=label)[0]
+        line = axes[0][0].plot([p[0] for p in pts], [p[2] for p in pts], marker=".", label=label, color=color)[0]
         axes[0][1].plot([p[1] for p in pts], [p[2] for p in pts], marker=".", color=line.get_color())
-        axes[1][0].plot([r["step"] for r in run.steps], [r["tokens_per_s"] for r in run.steps],
-                        color=line.get_color(), alpha=0.7)
+        speed = [r["tokens_per_s"] for r in run.steps]  # per-step times are noisy: a running median of 15
+        smooth = [statistics.median(speed[max(0, i - 7):i + 8]) for i in range(len(speed))]
+        axes[1][0].plot([r["step"] for r in run.steps], smooth, color=line.get_color(), alpha=0.8)
         stages = len(run.steps[0].get("freeze_ratio") or [])
         for s, style in zip(range(stages), ("-", "--", ":", "-.") * 8):
             axes[1][1].plot([r["step"] for r in run.steps], [r["freeze_ratio"][s] for r in run.steps],
                             linestyle=style, color=line.get_color())
     titles = (("eval loss by step", "step", "eval loss"), ("eval loss by training time", "seconds", "eval loss"),
-              ("tokens/s per step", "step", "tokens/s"),
+              ("tokens/s per step (running median of 15 steps)", "step", "tokens/s"),
               ("realised freeze ratio per stage (stage 0 solid, 1 dashed, 2 dotted, ...)", "step", "ratio"))
     for ax, (title, x, y) in zip((a for row in axes for a in row), titles):
         ax.set_title(title, fontsize=10)
