@@ -24,8 +24,9 @@ FAST = ["--microbatch-size", "2", "--seq-len", "32", "--quiet"]
 def _plan(tmp_path: Path, schedule: str = "1f1b", ranks: int = 2, m: int = 4, cap: float = 0.9) -> Path:
     from tfplan import dag, plan, profile, schedules, solver
 
-    prof = profile.uniform(ranks, name="unit")
-    d = dag.build(schedules.generate(schedule, ranks, m), prof)
+    sched = schedules.generate(schedule, ranks, m)
+    prof = profile.uniform(sched.num_stages, name="unit")
+    d = dag.build(sched, prof)
     path = tmp_path / f"plan-{schedule}-{ranks}-{m}.json"
     plan.write(plan.make_plan(d, solver.solve(d, cap), [cap] * d.schedule.num_stages, prof), path)
     return path
@@ -182,6 +183,24 @@ def test_a_truncated_newest_checkpoint_makes_the_resume_fall_back_with_a_warning
     assert "resuming from step 6" in proc.stderr
     assert _losses(out) == _losses(full_run[0])  # steps 6 and 7 trained again, identically
     assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == 8
+
+
+@pytest.mark.slow
+def test_v_schedules_evaluate_like_the_others(tmp_path):
+    """Note [forward-only evaluation]: torch's own eval() asserts on ZBV and DualPipeV; ours runs the F
+    actions alone, so every schedule reports the same eval losses (the same model; float order aside)."""
+    torch_or_skip()
+    evals = {}
+    for schedule in ("1f1b", "zbv", "dualpipev"):
+        out = tmp_path / schedule
+        proc = _tfrun("train", "--plan", str(_plan(tmp_path, schedule)), "--freeze", "none", "--steps", "2",
+                      "--eval-every", "1", "--out", str(out), *FAST)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        evals[schedule] = [r["eval_loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                           if "eval_loss" in r and "event" not in r]
+        assert len(evals[schedule]) == 2
+    for schedule in ("zbv", "dualpipev"):
+        assert evals[schedule] == pytest.approx(evals["1f1b"], rel=1e-4)
 
 
 @pytest.mark.slow

@@ -129,8 +129,8 @@ class OnlinePlanner:
         monitor = (self.start("monitor"), self.start("probe"))
         probe = (self.start("probe"), step + 1)
         mine = [r for r in records if monitor[0] <= r.step < probe[1]]
-        all_records = gather_records(mine)
-        all_spans = gather_records([s for s in spans if monitor[0] <= s.step < monitor[1]])
+        all_records = gather_records(mine, keep=self.timer.measured)
+        all_spans = gather_records([s for s in spans if monitor[0] <= s.step < monitor[1]], keep=self.timer.measured)
         plan, solve_s = None, 0.0
         if dist.get_rank() == 0:
             in_probe = {(s, m) for s in range(probe[0], probe[1]) for m in self.freezer.probe_microbatches(s)}

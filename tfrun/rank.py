@@ -133,7 +133,7 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
         hybrid=config.freeze.startswith("timely+"),
     )
     # Records carry the pipeline rank: replicas time the same actions (tfrun.timing medians over them).
-    timer, state = ActionTimer(pp_rank, device), StepState(freezing=config.freeze != "none")
+    timer, state = ActionTimer(pp_rank, device, measured=dp_rank == 0), StepState(freezing=config.freeze != "none")
     stages = [
         make_stage(modules[s], s, config.num_stages, device, group=pp_group, freezer=freezer, timer=timer,
                    state=state, method=config.freeze_method)

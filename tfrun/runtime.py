@@ -186,7 +186,7 @@ def build_schedule(
     """torch's `_PipelineScheduleRuntime` fed with the plan's per-rank order; refuses a lowered schedule
     whose compute actions on this rank differ from the plan's. With a timer, the last stage's loss is timed
     as part of its F action (ActionTimer.extend_last)."""
-    from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
 
     if timer is not None:
         plain_loss = loss_fn
@@ -198,6 +198,15 @@ def build_schedule(
     actions = {r: [_Action.from_str(a) for a in row] for r, row in enumerate(order)}
     runtime.pipeline_order = actions
     runtime._prepare_schedule_with_comms(actions)
+    # Note [forward-only evaluation]: torch's `eval()` runs the whole training order with has_backward off,
+    # and on V placements (ZBV, DualPipeV) its I/B actions still hand input gradients to the stage below on
+    # the same rank, which asserts ("can't steal_bwd_input if this stage doesn't have backward"). Evaluation
+    # therefore runs the lowered order's forward part alone: F with its sends and receives, in the plan's
+    # order (a subsequence of a deadlock-free order whose F actions depend only on F actions is deadlock-free).
+    kinds = _ComputationType
+    keep = (kinds.FORWARD, kinds.SEND_F, kinds.RECV_F, kinds.UNSHARD, kinds.RESHARD)
+    runtime._tfrun_eval_order = {r: [a for a in row if a.computation_type in keep]
+                                 for r, row in runtime.pipeline_order_with_comms.items()}
     compute = ("F", "B", "I", "W")
     lowered = [str(a) for a in runtime.pipeline_order_with_comms[rank] if a.computation_type.value in compute]
     if lowered != list(order[rank]):
@@ -206,3 +215,14 @@ def build_schedule(
             "refusing to run a schedule other than the planned one"
         )
     return runtime
+
+
+def evaluate_forward(runtime, *args, **kwargs) -> None:
+    """One forward-only pass of the pipeline (Note [forward-only evaluation]): like `runtime.eval`, on the
+    plan's F actions alone; the training order is restored afterwards, whatever happens."""
+    train_order = runtime.pipeline_order_with_comms
+    runtime.pipeline_order_with_comms = runtime._tfrun_eval_order
+    try:
+        runtime.eval(*args, **kwargs)
+    finally:
+        runtime.pipeline_order_with_comms = train_order

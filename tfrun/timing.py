@@ -39,8 +39,12 @@ class ActionTimer:
     """Collects ActionTimes for the actions this rank runs, and spans of other per-step work (the optimizer),
     only while `enabled`."""
 
-    def __init__(self, rank: int, device: torch.device) -> None:
+    def __init__(self, rank: int, device: torch.device, measured: bool = True) -> None:
         self.rank = rank
+        self.measured = measured
+        """Whether this process's records are the run's measurement: with data parallelism only replica 0's
+        (every replica runs the same schedule; interleaving two replicas' actions of one pipeline rank would
+        make negative gaps and overwrite each other's actions)."""
         self.cuda = device.type == "cuda"
         self.enabled = False
         self.step = -1
@@ -111,13 +115,14 @@ class ActionTimer:
         return out
 
 
-def gather_records(records: list[ActionTime], group=None) -> list[ActionTime] | None:
-    """All ranks' records on rank 0 (None elsewhere). Python floats are float64 end to end."""
+def gather_records(records: list[ActionTime], group=None, keep: bool = True) -> list[ActionTime] | None:
+    """All ranks' records on rank 0 (None elsewhere); a rank with keep=False sends none (ActionTimer.measured).
+    Python floats are float64 end to end."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return list(records)
-    rows = [(r.step, r.action, r.rank, r.start_ms, r.end_ms) for r in records]
+    rows = [(r.step, r.action, r.rank, r.start_ms, r.end_ms) for r in records] if keep else []
     out = [None] * dist.get_world_size(group) if dist.get_rank(group) == 0 else None
     dist.gather_object(rows, out, dst=0, group=group)
     if out is None:

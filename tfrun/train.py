@@ -21,7 +21,7 @@ from tfrun.model import MODELS, build_stage, count_params
 from tfrun.online import OnlinePlanner
 from tfrun.provenance import run_identity
 from tfrun.rank import Rank, build_rank, replica_rows
-from tfrun.runtime import StepState
+from tfrun.runtime import StepState, evaluate_forward
 from tfrun.signals import StepControl, StopRequest
 from tfrun.timing import gather_records
 
@@ -70,8 +70,8 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         with torch.no_grad():
             for x, y in evals:
                 losses: list = []
-                runtime.eval(*((x.to(device),) if has_first else ()),
-                             **({"target": y.to(device), "losses": losses} if has_last else {}))
+                evaluate_forward(runtime, *((x.to(device),) if has_first else ()),
+                                 **({"target": y.to(device), "losses": losses} if has_last else {}))
                 total += float(sum(v.item() for v in losses)) / config.num_microbatches if has_last else 0.0
         state.freezing = config.freeze != "none"
         return _from_last_stage(total / len(evals), has_last, device, r.dp)
@@ -126,7 +126,8 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         control.report(step + 1)
         return None
 
-    records, spans = gather_records(timer.records), gather_records(timer.spans)
+    records = gather_records(timer.records, keep=timer.measured)
+    spans = gather_records(timer.spans, keep=timer.measured)
     stats = _gather_stats(r)
     agree = r.replicas_agree()
     if rank != 0:
