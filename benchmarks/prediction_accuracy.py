@@ -64,7 +64,7 @@ def closed_loop(root: Path, schedules: list[str], rounds: int) -> None:
             prof = profile(root, name, v, 20, f"r{k}")
             plan = root / f"plan-{name}-r{k}.json"
             _run(["tfplan", "solve", "-p", str(prof), "-s", name, "--stages-per-rank", str(v), "-m", str(M),
-                  "-c", str(CAP), "-o", str(plan), "--json"])
+                  "-c", str(CAP), "--dp", str(DP), "-o", str(plan), "--json"])
             none = train(root, plan, "none", f"r{k}")
             frozen = train(root, plan, "plan", f"r{k}")
             q = json.loads(prof.read_text()).get("quality", {})

@@ -65,7 +65,8 @@ def with_dp(profile: Profile, dp: int, link: LinkSpec | None) -> Profile:
     if dp == profile.dp:
         return profile
     if link is None:
-        raise TfplanError("--dp needs --dp-link (the link between replicas)")
+        raise TfplanError(f"--dp needs --dp-link (the link between replicas): profile {profile.name!r} was measured "
+                          f"at {profile.dp} replica(s), so --dp {profile.dp} needs none")
     costs = profile.stages if profile.stages is not None else profile.layers
     if not any(c.grad_bytes > 0 for c in costs):
         raise TfplanError(f"profile {profile.name!r} has no grad_bytes: its gradient reduction cannot be modelled")
