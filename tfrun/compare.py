@@ -146,12 +146,14 @@ def loss_at(points: list[tuple[int, float, float]], seconds: float) -> float | N
 def compare(runs: list[Run], base: Run) -> dict:
     """The comparison as JSON: {"baseline": DIR, "runs": [...]} (module docstring)."""
     target = base.summary.get("final_eval_loss")
+    base_points = base.eval_points  # a property that walks every step: once, not once per run
     rows = []
     for run in runs:
         s = run.summary
-        reached = next((sec for _, sec, loss in run.eval_points if target is not None and loss <= target), None)
-        last = run.eval_points[-1] if run.eval_points else None
-        base_then = loss_at(base.eval_points, last[1]) if last else None
+        points = run.eval_points
+        reached = next((sec for _, sec, loss in points if target is not None and loss <= target), None)
+        last = points[-1] if points else None
+        base_then = loss_at(base_points, last[1]) if last else None
         rows.append({
             "dir": run.dir, "method": run.method, "tokens_per_s": s["tokens_per_s"],
             "speedup": s["tokens_per_s"] / base.summary["tokens_per_s"],
