@@ -191,7 +191,7 @@ class OnlinePlanner:
     def _check_drift(self, step: int, records: list[ActionTime]) -> list[dict]:
         window = (step - self.config.replan_window + 1, step + 1)
         mine = [(r.step, r.action, r.rank, r.start_ms, r.end_ms, self.share_history.get((r.step, r.action), 0.0))
-                for r in records if window[0] <= r.step < window[1]]
+                for r in records if window[0] <= r.step < window[1]] if self.timer.measured else []
         parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(mine, parts, dst=0)
         decision = None
