@@ -206,6 +206,20 @@ def test_solve_backends_agree(name: str, m: int, auto: str) -> None:
         assert phases == pytest.approx([p["objective"] for p in got["glop"]["solver"]["phases"]], rel=1e-6)
 
 
+def test_solve_stage0_anchor_flag(tmp_path) -> None:
+    """GPipe on uniform costs at cap 0.9: every stage-0 backward is on the last chain. By default one stays
+    unfrozen (tfplan.job Note [stage-0 anchor]); --no-stage0-anchor spreads the cap over all of them."""
+    plans = []
+    for flag in ([], ["--no-stage0-anchor"]):
+        path = tmp_path / f"plan{len(plans)}.json"
+        ok("solve", "-p", UNIFORM, "-s", "gpipe", "-m", "4", "-o", path, *flag)
+        plans.append(plan_mod.load(path))
+    stage0 = [[p.ratios[v] for v in p.dag.freeze_groups()[0]] for p in plans]
+    assert min(stage0[0]) == 0.0 and min(stage0[1]) > 0.0
+    assert sum(stage0[0]) / 4 <= 0.9 + 1e-7
+    assert plans[0].predicted.planned_ms >= plans[1].predicted.planned_ms
+
+
 def test_solve_per_stage_caps() -> None:
     data = json.loads(ok("solve", *TOY, "-c", "0,0.5,0.9,1", "--json").stdout)
     assert data["max_freeze_ratio"] == [0.0, 0.5, 0.9, 1.0]

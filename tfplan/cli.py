@@ -222,6 +222,12 @@ def solve_cmd(
     as_json: JsonOpt = False,
     solver_backend: SolverOpt = Backend.auto,
     time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S,
+    stage0_anchor: Annotated[
+        bool,
+        typer.Option("--stage0-anchor/--no-stage0-anchor",
+                     help="Keep one stage-0 backward unfrozen, so that tfrun can freeze prefixes there (time linear "
+                          "in the ratio) while the whole stage still trains (tfplan.job Note [stage-0 anchor])."),
+    ] = True,
 ) -> None:
     """Solve the TimelyFreeze LP: a freeze ratio per (stage, micro-batch) action that minimises the step time
     under the per-stage cap on the mean freeze ratio.
@@ -234,7 +240,8 @@ def solve_cmd(
     with user_errors():
         spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp,
                         dp_link)
-        plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup, solver_backend.value, time_limit)
+        plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup, solver_backend.value, time_limit,
+                             stage0_anchor)
         csv_path = plan_mod.write(plan_obj, output) if output else None
         if as_json:
             print(json.dumps(plan_json(plan_obj) | {"output": output, "schedule_csv": str(csv_path or "") or None}))

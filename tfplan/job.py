@@ -5,6 +5,7 @@ Shared by every planning command (simulate, solve, whatif) so they accept the sa
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -123,11 +124,32 @@ def check_backend(backend: str) -> None:
         raise TfplanError(f"--solver must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
 
+ANCHOR_TOL = 1e-6
+"""A stage-0 action at or below this ratio counts as unfrozen (Note [stage-0 anchor])."""
+
+
 def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
-              backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S):
+              backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True):
     """The three-phase LP by the chosen backend: "glop" (tfplan.solver, the full LP), "fastlp" (tfplan.fastlp,
-    periodic compression, same optima) or "auto" (by size, AUTO_FASTLP_ACTIONS); time_limit_s: seconds for the
-    solve (None: none). Returns an lp.Solution (status FEASIBLE when fastlp ran out of time)."""
+    periodic compression, same optima) or "auto" (by size, AUTO_FASTLP_ACTIONS); time_limit_s: seconds for
+    each solve (None: none); anchor: keep one stage-0 backward unfrozen (Note [stage-0 anchor]). Returns an
+    lp.Solution (status FEASIBLE when fastlp ran out of time)."""
+    caps = check_caps(caps, dag.schedule.num_stages)
+    solution = _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s)
+    pin = anchor_node(dag, solution.ratios) if anchor else None
+    if pin is None:
+        return solution
+    pinned_dag, pinned_caps = pin_unfrozen(dag, caps, pin)
+    try:
+        pinned = _solve_backend(pinned_dag, pinned_caps, target_makespan_ms, backend, time_limit_s)
+    except UnreachableTarget:  # the target needs every stage-0 backward frozen: keep the unanchored plan
+        return solution
+    ratios = list(pinned.ratios)
+    assert ratios[pin] == 0.0
+    return dataclasses.replace(pinned, durations=dag.durations(ratios))
+
+
+def _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s):
     from tfplan import fastlp, solver
 
     check_backend(backend)
@@ -136,8 +158,50 @@ def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_m
     return solver.solve(dag, caps, target_makespan_ms, time_limit_s)
 
 
+def anchor_node(dag: dag_mod.Dag, ratios: Sequence[float]) -> int | None:
+    """Note [stage-0 anchor]: the stage-0 action to keep unfrozen, or None when the plan already leaves one
+    unfrozen (or stage 0 has fewer than two actions with a freeze ratio).
+
+    Nothing needs an input gradient on stage 0, so tfrun freezes a prefix of its tensors there (embedding,
+    block 0, ...): the backward is pruned below the first unfrozen tensor and its time falls linearly with the
+    ratio, as the LP assumes. A prefix trains the front of the model only through an action left unfrozen,
+    which then trains the whole stage in every step; when the plan freezes every stage-0 backward, tfrun's
+    `auto` policy freezes rotating subsets instead (every tensor keeps learning), which prune little of the
+    backward and run slower than planned (+18% on the tiny model's GPipe plan, docs/benchmarks.md). The
+    planner therefore keeps one stage-0 backward unfrozen: the one with the smallest ratio, whose others may
+    then rise to min(1, cap n / (n - 1)), so the stage's mean stays within its cap. On GPipe, where every
+    stage-0 backward lies on one chain, this gives up cap n - (n - 1) of one backward's saving when that is
+    positive (0.2 of one at cap 0.9 and n = 8).
+
+    >>> from tfplan import profile, schedules
+    >>> dag = dag_mod.build(schedules.generate("gpipe", 2, 4), profile.uniform(2))
+    >>> ratios = [0.0] * 4 + [0.9, 0.3, 0.9, 0.9] + [0.0] * 4 + [0.9] * 4
+    >>> str(dag.actions[anchor_node(dag, ratios)])
+    '0B1'
+    >>> ratios[5] = 0.0
+    >>> anchor_node(dag, ratios) is None
+    True
+    """
+    group = dag.freeze_groups()[0]
+    if len(group) < 2 or any(ratios[v] <= ANCHOR_TOL for v in group):
+        return None
+    return min(group, key=lambda v: (ratios[v], -v))
+
+
+def pin_unfrozen(dag: dag_mod.Dag, caps: Sequence[float], node: int) -> tuple[dag_mod.Dag, list[float]]:
+    """The DAG with `node` fixed at its unfrozen duration, and caps that keep its stage's mean over the original
+    group within the original cap (Note [stage-0 anchor])."""
+    stage = dag.actions[node].stage
+    n = len(dag.freeze_groups()[stage])
+    freezable = list(dag.freezable)
+    freezable[node] = False
+    caps = list(caps)
+    caps[stage] = min(1.0, caps[stage] * n / (n - 1))
+    return dataclasses.replace(dag, freezable=freezable), caps
+
+
 def solve_job(spec: JobSpec, caps: Sequence[float] | float, target_speedup: float | None = None,
-              backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S):
+              backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True):
     """Profile + schedule -> solved Plan (the library call behind `tfplan solve`)."""
     from tfplan import plan as plan_mod
 
@@ -146,7 +210,7 @@ def solve_job(spec: JobSpec, caps: Sequence[float] | float, target_speedup: floa
     caps = check_caps(caps, schedule.num_stages)
     target = None if target_speedup is None else target_makespan(dag, target_speedup)
     try:
-        solution = solve_dag(dag, caps, target, backend, time_limit_s)
+        solution = solve_dag(dag, caps, target, backend, time_limit_s, anchor)
     except UnreachableTarget as exc:
         none = plan_mod.predict(dag, [0.0] * dag.num_nodes)[0].no_freeze_ms
         raise TfplanError(

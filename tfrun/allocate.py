@@ -25,8 +25,8 @@ its time falls linearly with r, as the LP assumes, while a random subset leaves 
 chain running and saves little until r = 1 (37.6 -> 24.5 ms at r = 0.75, 0.2 ms at r = 1). But a prefix
 never trains the front while the ratios stay high. The `auto` policy (tfrun.freezing) freezes prefixes in
 every window in which some cell freezes nothing (an action the plan leaves unfrozen trains the whole stage
-in every step: the usual case for LP plans, which leave stage 0's pipeline-fill or drain backwards off the
-critical path) and rotating subsets otherwise, so every tensor learns in every window. We measured the
+in every step: tfplan solves with one stage-0 backward left unfrozen, tfplan.job Note [stage-0 anchor]) and
+rotating subsets otherwise, so every tensor learns in every window. We measured the
 alternatives that keep the linear time with every tensor learning, and each trained worse
 (docs/benchmarks.md, "Freeze policies"): whole-backward skips in a share r of steps (exact mean times,
 but the mean step exceeds the LP's by 12% on the tiny 1F1B plan: the LP shortens every backward a little,

@@ -268,8 +268,9 @@ class Freezer:
                 if stage not in self._warned:
                     self._warned.add(stage)
                     log.warning("stage %d: the plan leaves no micro-batch unfrozen, so the auto policy freezes "
-                                "rotating subsets there, which saves less time than planned; --freeze-policy "
-                                "prefix keeps the planned time but stops the stage's front layers learning", stage)
+                                "rotating subsets there, which saves less time than planned; a plan solved with "
+                                "tfplan's default --stage0-anchor leaves one (tfplan.job Note [stage-0 anchor])",
+                                stage)
                 cells = allocate.rotate(costs, rng.sample(range(len(cands)), len(cands)), allowance)
         elif mode == ROTATE:
             cells = allocate.rotate(costs, rng.sample(range(len(cands)), len(cands)), allowance)
