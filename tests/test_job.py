@@ -79,7 +79,7 @@ def test_anchored_plans_on_every_schedule(name: str, ranks: int, rounds: int, ca
     assert min(anchored.ratios[v] for v in stage0) <= job.ANCHOR_TOL
     assert max(lp.cap_excess(dag, anchored.ratios, [cap] * dag.schedule.num_stages)) <= lp.CAP_TOL
     span = max(dag.d_max[v] - dag.d_min[v] for v in stage0)
-    assert _makespan(dag, anchored) <= _makespan(dag, free) + span * (1 + 1e-9)
+    assert _makespan(dag, anchored) <= (_makespan(dag, free) + span) * (1 + 1e-8)  # LP tolerances (lp.REL_TOL)
     if job.anchor_node(dag, free.ratios) is None:  # nothing to anchor: the same optimum (fastlp may break ties
         assert _makespan(dag, anchored) == pytest.approx(_makespan(dag, free), rel=1e-8)  # differently per call)
         if backend == "glop":
