@@ -38,40 +38,6 @@ def init_process_group() -> None:
     dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
 
 
-PIN_ENV = "TFRUN_PIN_CPUS"
-
-
-def cpus_for(local_rank: int, local_world_size: int, cpus: list[int]) -> list[int] | None:
-    """Note [cpu pinning]: this rank's share of the host's CPUs, or None when pinning does not apply.
-
-    Opt-in (PIN_ENV=1 in the environment, which `tfplan profile`'s measuring jobs inherit too, so that a
-    profile and the runs it predicts see the same placement). On this 2-core VM, unpinned runs of one
-    interleaved 1F1B plan waited 25-98 ms per step between actions (idle time the DAG does not explain),
-    pinned ones 13-40 ms (docs/benchmarks.md, "The closed loop on every schedule"). Ranks of one host get
-    disjoint, equal blocks of the CPUs this process may use; with more ranks than CPUs nothing is pinned.
-
-    >>> cpus_for(1, 2, [0, 1, 2, 3])
-    [2, 3]
-    >>> cpus_for(2, 3, [0, 1]) is None
-    True
-    """
-    if local_world_size > len(cpus):
-        return None
-    share = len(cpus) // local_world_size
-    return cpus[local_rank * share:(local_rank + 1) * share]
-
-
-def pin_to_cpus() -> None:
-    """Pin every thread of this rank (the gloo threads exist by now; later ones inherit) when PIN_ENV asks."""
-    if os.environ.get(PIN_ENV) != "1" or torch.cuda.is_available():
-        return
-    cpus = cpus_for(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                    sorted(os.sched_getaffinity(0)))
-    if cpus:
-        for tid in os.listdir("/proc/self/task"):
-            os.sched_setaffinity(int(tid), cpus)
-
-
 def run_worker(config: TrainConfig) -> int:
     """Run this rank; returns the process exit code."""
     from tfrun import train
@@ -79,7 +45,6 @@ def run_worker(config: TrainConfig) -> int:
     stop = StopRequest(Path(config.out_dir) / STOP_FILE)
     stop.install()
     init_process_group()
-    pin_to_cpus()
     rank = dist.get_rank()
     try:
         if rank == 0:
