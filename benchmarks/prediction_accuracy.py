@@ -5,7 +5,7 @@ counterpart of the other backward style), `tfplan solve` at cap 0.9, then `tfrun
 and with `--freeze none`, alternately; the predicted step against the measured median step, repeated.
 Also (--stability) how a profile's medians move with the number of profiling steps.
 
-    python benchmarks/prediction_accuracy.py                     # 6 schedules x 3 rounds, about 40 minutes
+    python benchmarks/prediction_accuracy.py                     # 6 schedules x 3 rounds, about 55 minutes
     python benchmarks/prediction_accuracy.py --schedules 1f1b,gpipe --rounds 1
     python benchmarks/prediction_accuracy.py --stability         # profile steps 6 / 10 / 20 / 40, 3 each
 """

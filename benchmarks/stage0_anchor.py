@@ -7,7 +7,7 @@ unfrozen, so `auto` freezes rotating subsets there; the anchored plan (the defau
 freezes prefixes. Runs alternate none / anchored / unanchored for `--rounds` rounds (step times: medians
 per run; loss: the final eval, deterministic for the seed).
 
-    python benchmarks/stage0_anchor.py                          # GPipe on the shipped profile, about 10 minutes
+    python benchmarks/stage0_anchor.py                          # GPipe on the shipped profile, about 8 minutes
     python benchmarks/stage0_anchor.py --profile P.json --schedule interleaved-1f1b --stages-per-rank 2
 """
 
