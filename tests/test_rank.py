@@ -113,6 +113,11 @@ def test_two_replicas_train_like_one_pipeline_with_twice_the_microbatch(dp2_run,
     summary = json.loads((two / "summary.json").read_text())
     assert summary["replicas_froze_alike"] is True and summary["dp"] == 2
     assert json.loads((two / "profile.json").read_text())["dp"] == 2
+    # Only replica 0 times its actions (ActionTimer.measured): mixing both replicas' records gave a negative
+    # dispatch cost, which the profile loader refuses.
+    from tfplan import profile as profile_mod
+
+    assert profile_mod.load(str(two / "profile.json")).dispatch_ms >= 0.0
     a, b = _params(two), _params(one)
     assert a.keys() == b.keys()
     for key in a:

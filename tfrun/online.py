@@ -129,8 +129,8 @@ class OnlinePlanner:
         monitor = (self.start("monitor"), self.start("probe"))
         probe = (self.start("probe"), step + 1)
         mine = [r for r in records if monitor[0] <= r.step < probe[1]]
-        all_records = gather_records(mine, keep=self.timer.measured)
-        all_spans = gather_records([s for s in spans if monitor[0] <= s.step < monitor[1]], keep=self.timer.measured)
+        all_records = gather_records(mine)
+        all_spans = gather_records([s for s in spans if monitor[0] <= s.step < monitor[1]])
         plan, solve_s = None, 0.0
         if dist.get_rank() == 0:
             in_probe = {(s, m) for s in range(probe[0], probe[1]) for m in self.freezer.probe_microbatches(s)}
@@ -191,7 +191,7 @@ class OnlinePlanner:
     def _check_drift(self, step: int, records: list[ActionTime]) -> list[dict]:
         window = (step - self.config.replan_window + 1, step + 1)
         mine = [(r.step, r.action, r.rank, r.start_ms, r.end_ms, self.share_history.get((r.step, r.action), 0.0))
-                for r in records if window[0] <= r.step < window[1]] if self.timer.measured else []
+                for r in records if window[0] <= r.step < window[1]]
         parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(mine, parts, dst=0)
         decision = None

@@ -37,14 +37,14 @@ class ActionTime:
 
 class ActionTimer:
     """Collects ActionTimes for the actions this rank runs, and spans of other per-step work (the optimizer),
-    only while `enabled`."""
+    only while `enabled` and on a `measured` process."""
 
     def __init__(self, rank: int, device: torch.device, measured: bool = True) -> None:
         self.rank = rank
         self.measured = measured
-        """Whether this process's records are the run's measurement: with data parallelism only replica 0's
+        """Whether this process's times are the run's measurement: with data parallelism only replica 0's
         (every replica runs the same schedule; interleaving two replicas' actions of one pipeline rank would
-        make negative gaps and overwrite each other's actions)."""
+        make negative gaps and overwrite each other's actions). Other processes record nothing."""
         self.cuda = device.type == "cuda"
         self.enabled = False
         self.step = -1
@@ -86,7 +86,7 @@ class ActionTimer:
         last stage's loss right after that stage's forward, outside forward_one_chunk, and the loss belongs to
         the F action (its time would otherwise fall between actions, where the DAG does not see it)."""
         out = fn(*args, **kwargs)
-        if not self.enabled:
+        if not (self.enabled and self.measured):
             return out
         if self.cuda and self._pending and self._pending[-1][0] is self.records:
             target, name, start, _ = self._pending[-1]
@@ -99,7 +99,7 @@ class ActionTimer:
         return out
 
     def _timed(self, target: list, name: str, fn, *args, **kwargs):
-        if not self.enabled:
+        if not (self.enabled and self.measured):
             return fn(*args, **kwargs)
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -115,14 +115,13 @@ class ActionTimer:
         return out
 
 
-def gather_records(records: list[ActionTime], group=None, keep: bool = True) -> list[ActionTime] | None:
-    """All ranks' records on rank 0 (None elsewhere); a rank with keep=False sends none (ActionTimer.measured).
-    Python floats are float64 end to end."""
+def gather_records(records: list[ActionTime], group=None) -> list[ActionTime] | None:
+    """All ranks' records on rank 0 (None elsewhere). Python floats are float64 end to end."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return list(records)
-    rows = [(r.step, r.action, r.rank, r.start_ms, r.end_ms) for r in records] if keep else []
+    rows = [(r.step, r.action, r.rank, r.start_ms, r.end_ms) for r in records]
     out = [None] * dist.get_world_size(group) if dist.get_rank(group) == 0 else None
     dist.gather_object(rows, out, dst=0, group=group)
     if out is None:

@@ -126,8 +126,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         control.report(step + 1)
         return None
 
-    records = gather_records(timer.records, keep=timer.measured)
-    spans = gather_records(timer.spans, keep=timer.measured)
+    records, spans = gather_records(timer.records), gather_records(timer.spans)
     stats = _gather_stats(r)
     agree = r.replicas_agree()
     if rank != 0:
