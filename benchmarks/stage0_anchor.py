@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tfplan.actions import FREEZABLE, parse_action
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL, M, MB_SIZE, SEQ, CAP = "tiny", 8, 4, 128, 0.9
 
@@ -63,7 +65,8 @@ def main() -> None:
              for name in ("anchored", "unanchored")}
     for name, path in plans.items():
         obj = json.loads(path.read_text())
-        stage0 = [a["freeze_ratio"] for a in obj["actions"] if a["action"][0] == "0" and a["action"][1] in "BW"]
+        stage0 = [a["freeze_ratio"] for a in obj["actions"] if (act := parse_action(a["action"])).stage == 0
+                  and act.kind in FREEZABLE]
         print(f"{name:10s} plan: predicted {obj['predicted']['planned_ms']:.1f} ms; stage 0 ratios "
               f"{' '.join(f'{r:.2f}' for r in stage0)}")
     print(f"{args.schedule}, {args.steps} steps from scratch, seed {args.seed}, cap {CAP}, auto policy; "

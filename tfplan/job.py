@@ -5,9 +5,8 @@ Shared by every planning command (simulate, solve, whatif) so they accept the sa
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tfplan import dag as dag_mod
 from tfplan import profile as profile_mod
@@ -144,9 +143,8 @@ def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_m
         pinned = _solve_backend(pinned_dag, pinned_caps, target_makespan_ms, backend, time_limit_s)
     except UnreachableTarget:  # the target needs every stage-0 backward frozen: keep the unanchored plan
         return solution
-    ratios = list(pinned.ratios)
-    assert ratios[pin] == 0.0
-    return dataclasses.replace(pinned, durations=dag.durations(ratios))
+    assert pinned.ratios[pin] == 0.0  # its durations are the original DAG's too (fixed nodes keep d_max)
+    return pinned
 
 
 def _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s):
@@ -199,7 +197,7 @@ def pin_unfrozen(dag: dag_mod.Dag, caps: Sequence[float], node: int) -> tuple[da
     freezable[node] = False
     caps = list(caps)
     caps[stage] = min(1.0, caps[stage] * n / (n - 1))
-    return dataclasses.replace(dag, freezable=freezable), caps
+    return replace(dag, freezable=freezable), caps
 
 
 def solve_job(spec: JobSpec, caps: Sequence[float] | float, target_speedup: float | None = None,
