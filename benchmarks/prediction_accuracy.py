@@ -8,6 +8,12 @@ Also (--stability) how a profile's medians move with the number of profiling ste
     python benchmarks/prediction_accuracy.py                     # 6 schedules x 3 rounds, about 55 minutes
     python benchmarks/prediction_accuracy.py --schedules 1f1b,gpipe --rounds 1
     python benchmarks/prediction_accuracy.py --stability         # profile steps 6 / 10 / 20 / 40, 3 each
+    python benchmarks/prediction_accuracy.py --drift             # one long unfrozen run, step time by window
+
+--steps (training steps per run) and --profile-steps (steps per profiling run) set how long each measurement
+is. This VM's speed wanders on a time scale of tens of seconds (--drift: medians of 15-step windows of one
+run spread by about 20%), so a 30-step median is about two independent samples of the machine's state, and
+a longer measurement averages more of them.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-MODEL, RANKS, M, MB_SIZE, SEQ, CAP, STEPS = "tiny", 2, 8, 4, 128, 0.9, 30
+MODEL, RANKS, M, MB_SIZE, SEQ, CAP = "tiny", 2, 8, 4, 128, 0.9
+STEPS, PROFILE_STEPS = 30, 20  # --steps, --profile-steps
 SCHEDULES = {  # name -> stages per rank
     "gpipe": 1, "1f1b": 1, "interleaved-1f1b": 2, "interleaved-zb": 2, "zbv": 2, "dualpipev": 2,
 }
@@ -48,30 +55,30 @@ def profile(root: Path, schedule: str, v: int, steps: int, tag: str) -> Path:
     return out
 
 
-def train(root: Path, plan: Path, freeze: str, tag: str) -> dict:
+def train(root: Path, plan: Path, freeze: str, tag: str, steps: int | None = None) -> dict:
     out = root / f"{plan.stem}-{freeze}-{tag}"
-    _run(["tfrun", "train", "--plan", str(plan), "--freeze", freeze, "--steps", str(STEPS), "--out", str(out),
+    _run(["tfrun", "train", "--plan", str(plan), "--freeze", freeze, "--steps", str(steps or STEPS), "--out", str(out),
           "--quiet", "--microbatch-size", str(MB_SIZE), "--seq-len", str(SEQ), "--dp", str(DP)])
     return json.loads((out / "summary.json").read_text()) | {"dir": str(out)}
 
 
 def closed_loop(root: Path, schedules: list[str], rounds: int) -> None:
     print(f"closed loop, tiny model, {RANKS} gloo ranks x {DP} replicas, M = {M}, {MB_SIZE} x {SEQ} tokens, cap {CAP}, "
-          f"{STEPS} training steps per run; load average {os.getloadavg()[0]:.2f}")
+          f"{STEPS} training steps per run, {PROFILE_STEPS} per profiling run; load average {os.getloadavg()[0]:.2f}")
     print(f"{'schedule':18s} {'round':>5s} {'pred none':>9s} {'meas none':>9s} {'err':>7s} {'pred plan':>9s} "
           f"{'meas plan':>9s} {'err':>7s} {'speedup':>7s} {'pred':>6s}  profile quality")
     table: dict[str, list[float]] = {}
     for k in range(rounds):
         for name in schedules:
             v = SCHEDULES[name]
-            prof = profile(root, name, v, 20, f"r{k}")
+            prof = profile(root, name, v, PROFILE_STEPS, f"r{k}")
             for retry in range(1, PROFILE_RETRIES + 1):  # what tfplan profile's replay-gap warning tells a user
                 gap = json.loads(prof.read_text()).get("quality", {}).get("replay_gap", 0.0)
                 if abs(gap) <= REPLAY_GAP_RETRY:
                     break
                 print(f"{name:18s} {k:5d} profile replay gap {gap:+.1%} (over {REPLAY_GAP_RETRY:.0%}): profiled again",
                       flush=True)
-                prof = profile(root, name, v, 20, f"r{k}-retry{retry}")
+                prof = profile(root, name, v, PROFILE_STEPS, f"r{k}-retry{retry}")
             plan = root / f"plan-{name}-r{k}.json"
             _run(["tfplan", "solve", "-p", str(prof), "-s", name, "--stages-per-rank", str(v), "-m", str(M),
                   "-c", str(CAP), "--dp", str(DP), "-o", str(plan), "--json"])
@@ -108,20 +115,43 @@ def stability(root: Path, repeats: int = 3) -> None:
         print(f"{steps:5d} {'largest (max-min)/median':>22s} {worst:48.1%}", flush=True)
 
 
+def drift(root: Path, steps: int = 150, window: int = 15) -> None:
+    """How the machine's speed wanders within one run: medians of consecutive windows of an unfrozen 1F1B run."""
+    prof = profile(root, "1f1b", 1, PROFILE_STEPS, "drift")
+    plan = root / "plan-drift.json"
+    _run(["tfplan", "solve", "-p", str(prof), "-s", "1f1b", "-m", str(M), "-c", str(CAP), "-o", str(plan), "--json"])
+    run = train(root, plan, "none", "drift", steps)
+    times = [row["step_time_ms"] for row in map(json.loads, Path(run["dir"], "metrics.jsonl").read_text().splitlines())
+             if row.get("timed")]
+    meds = [statistics.median(times[i:i + window]) for i in range(0, len(times) - window + 1, window)]
+    whole = statistics.median(times)
+    print(f"one unfrozen 1F1B run, {len(times)} timed steps; load average {os.getloadavg()[0]:.2f}")
+    print(f"median step {whole:.1f} ms; medians of {window}-step windows: " + " ".join(f"{m:.0f}" for m in meds))
+    half = len(times) // 2
+    first, second = statistics.median(times[:half]), statistics.median(times[half:])
+    print(f"windows' range {(max(meds) - min(meds)) / whole:.1%} of the median; first half {first:.1f} ms, "
+          f"second half {second:.1f} ms")
+
+
 def main() -> None:
+    global DP, STEPS, PROFILE_STEPS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--stability", action="store_true")
+    ap.add_argument("--drift", action="store_true", help="one long unfrozen run: its step time by window")
+    ap.add_argument("--steps", type=int, default=STEPS, help="training steps per run")
+    ap.add_argument("--profile-steps", type=int, default=PROFILE_STEPS, help="steps per profiling run")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas (the profile measures them too)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    global DP
-    DP = args.dp
+    DP, STEPS, PROFILE_STEPS = args.dp, args.steps, args.profile_steps
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="prediction-"))
     root.mkdir(parents=True, exist_ok=True)
     if args.stability:
         stability(root)
+    elif args.drift:
+        drift(root)
     else:
         closed_loop(root, args.schedules.split(","), args.rounds)
 
