@@ -145,3 +145,54 @@ def test_bad_run_directories_are_one_line_errors(tmp_path):
     (run / "timings.json").write_text(json.dumps({"by_action_ms": {}}))
     result = CliRunner().invoke(app, ["explain", str(run)])
     assert result.exit_code == 1 and "older tfrun" in result.output
+
+
+def _with_step_durations(run: Path, p: plan.Plan, rows: dict[str, list[float]]) -> None:
+    """Add per-step durations (ms, in the DAG's action order, without dispatch) to a run's timings.json."""
+    timings = json.loads((run / "timings.json").read_text())
+    order = [str(a) for a in p.dag.actions]
+    names = sorted(order)
+    timings["step_durations"] = {"actions": names,
+                                 "ms": {step: [row[order.index(a)] for a in names] for step, row in rows.items()}}
+    (run / "timings.json").write_text(json.dumps(timings))
+
+
+def test_waits_split_into_variability_and_idle_from_per_step_durations(tmp_path):
+    plan_path, p = _plan(tmp_path)
+    run = _run(tmp_path, plan_path, p, {}, waits=1.5)
+    dag = p.dag
+    base = [d - DISPATCH for d in dag.durations(list(p.ratios))]
+    # Rank 0 is 2 ms slower per action in one step, rank 1 in another: every action's median is its base
+    # time, but two of the three steps are longer, so the median step is longer than the replay of medians.
+    slow = {r: [d + (2.0 if dag.rank[v] == r else 0.0) for v, d in enumerate(base)] for r in (0, 1)}
+    _with_step_durations(run, p, {"3": base, "4": slow[0], "5": slow[1]})
+    ex = explain.explain(run, None)
+
+    def replay(row: list[float]) -> float:
+        return simulate(dag, [d + DISPATCH for d in row]).actions_end_ms
+
+    expected = sorted(replay(row) for row in (base, slow[0], slow[1]))[1] - replay(base)
+    assert expected > 0
+    assert ex.waits_split["variability"] == pytest.approx(expected)
+    assert ex.waits_split["variability"] + ex.waits_split["idle"] == pytest.approx(ex.error_parts["waits"])
+    assert ex.error_parts["waits"] > 0  # the 1.5 ms slower hand-overs are idle time, not variability
+
+    _with_step_durations(run, p, {"3": base, "4": base})  # steps alike: all waiting is idle
+    ex = explain.explain(run, None)
+    assert ex.waits_split["variability"] == pytest.approx(0.0, abs=1e-9)
+    assert ex.waits_split["idle"] == pytest.approx(ex.error_parts["waits"])
+    result = CliRunner().invoke(app, ["explain", str(run), "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)["waits_split_ms"]["idle"] == pytest.approx(
+        ex.waits_split["idle"])
+    assert "variability" in CliRunner().invoke(app, ["explain", str(run)]).output
+
+
+def test_runs_without_per_step_durations_or_with_bad_ones(tmp_path):
+    plan_path, p = _plan(tmp_path)
+    run = _run(tmp_path, plan_path, p, {})
+    assert explain.explain(run, None).waits_split is None  # an older run: waits stay whole
+    timings = json.loads((run / "timings.json").read_text())
+    timings["step_durations"] = {"actions": ["0F0"], "ms": {"3": [1.0, 2.0]}}
+    (run / "timings.json").write_text(json.dumps(timings))
+    result = CliRunner().invoke(app, ["explain", str(run)])
+    assert result.exit_code == 1 and "step_durations" in result.output and len(result.output.splitlines()) == 1

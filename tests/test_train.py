@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -94,6 +95,16 @@ def test_train_writes_metrics_summary_profile_and_checkpoint(full_run):
     assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == 8
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest.json", "step0000006", "step0000008"]
     assert "step time" in proc.stdout  # the human summary table
+    timings = json.loads((out / "timings.json").read_text())
+    per_step = timings["step_durations"]  # every timed step's durations, whose medians are the table's
+    assert sorted(per_step["ms"], key=int) == [str(s) for s in timings["timed_steps"]]
+    for i, action in enumerate(per_step["actions"]):
+        assert statistics.median(row[i] for row in per_step["ms"].values()) == pytest.approx(
+            timings["actions"][action]["duration_ms"], abs=1e-3)
+    from tfplan import explain
+
+    ex = explain.explain(out, None)  # the waits split into variability and idle
+    assert ex.waits_split["variability"] + ex.waits_split["idle"] == pytest.approx(ex.error_parts["waits"])
 
 
 @pytest.mark.slow

@@ -164,6 +164,10 @@ def render_explanation(ex, top: int) -> None:
     split = ", ".join(f"{k} {v:+.1f}" for k, v in ex.error_parts.items())
     console.print(f"error split (ms): {split}  (actions: measured action times replayed on the DAG; waits: "
                   "measured makespan beyond that replay)")
+    if ex.waits_split is not None:
+        console.print(f"waits (ms): variability {ex.waits_split['variability']:+.1f} (each step replayed with its "
+                      f"own action times, beyond the replay of the medians), idle {ex.waits_split['idle']:+.1f} "
+                      "(between actions, unexplained by any replay)")
     kinds = Table(title="residuals by stage and kind (ms per action; sum over the step)", title_justify="left",
                   show_edge=False)
     for col in ("action", "count", "predicted", "measured", "sum of residuals"):

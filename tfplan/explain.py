@@ -7,7 +7,14 @@ last action) and summary.json (the measured step). The plan predicts every actio
   actions    replaying the DAG with the measured durations (plus the profile's dispatch cost) instead of the
              predicted ones: what the actions' own times cost or saved;
   waits      the measured makespan minus that replay: time the ranks spent waiting or communicating beyond
-             the modelled p2p lag (and the step's head before the first action);
+             the modelled p2p lag (and the step's head before the first action). With the run's per-step
+             durations (timings.json step_durations) it splits in two:
+               variability  the median over steps of each step replayed with its own action times, minus the
+                            replay of the median times. Each step's makespan is its longest path, and the
+                            longest of several noisy paths exceeds the longest of their medians: the more
+                            paths are near-critical (an LP plan balances them), the more this costs;
+               idle         the rest: time between actions that no replay of measured times explains
+                            (hand-overs slower than the p2p lag, dispatch above its median, the head);
   tails      the measured ranks' tails against the profile's;
   rest       whatever else (barriers, Python between steps) against the profile's step overhead.
 Reads only files: tfplan never imports tfrun or torch.
@@ -59,6 +66,9 @@ class Explanation:
     """Step decomposition: name -> (predicted ms, measured ms) for makespan, tails, overhead."""
     error_parts: dict[str, float]
     """The step's error (measured - predicted, ms) split into actions, waits, tails and rest."""
+    waits_split: dict[str, float] | None
+    """error_parts["waits"] split into variability and idle (ms; module docstring), or None when the run
+    recorded no per-step durations."""
     predicted_path: list[str]
     """Actions on the predicted critical path."""
     measured_path: list[str]
@@ -94,7 +104,7 @@ class Explanation:
             "run_dir": self.run_dir, "freeze": self.freeze, "predicted_step_ms": self.predicted_step_ms,
             "measured_step_ms": self.measured_step_ms, "error": self.error,
             "parts": {k: {"predicted_ms": p, "measured_ms": m} for k, (p, m) in self.parts.items()},
-            "error_parts_ms": self.error_parts,
+            "error_parts_ms": self.error_parts, "waits_split_ms": self.waits_split,
             "by_stage_kind": [{"key": k, "count": n, "predicted_ms": p, "measured_ms": m, "residual_sum_ms": r}
                               for k, n, p, m, r in self.by_stage_kind()],
             "largest": [{"action": a.action, "rank": a.rank, "predicted_ms": a.predicted_ms,
@@ -145,6 +155,13 @@ def _check_run_files(run: Path, config: Any, timings: Any) -> None:
     spans = timings.get("makespan_ms")
     if not isinstance(spans, dict) or not spans or not all(num(v) for v in spans.values()):
         raise bad("timings.json", "makespan_ms", "a non-empty object of numbers")
+    per_step = timings.get("step_durations")
+    if per_step is not None and not (
+            isinstance(per_step, dict) and isinstance(per_step.get("actions"), list)
+            and all(isinstance(a, str) for a in per_step["actions"]) and isinstance(per_step.get("ms"), dict)
+            and all(isinstance(row, list) and len(row) == len(per_step["actions"]) and all(num(x) for x in row)
+                    for row in per_step["ms"].values())):
+        raise bad("timings.json", "step_durations", "{actions: [names], ms: {step: [one number per action]}}")
     ranks = timings.get("ranks", [])
     if not isinstance(ranks, list) or not all(
             isinstance(r, dict) and isinstance(r.get("rank"), int) and num(r.get("tail_ms") or 0.0) for r in ranks):
@@ -213,6 +230,9 @@ def explain(run_dir: str | Path, plan_path: str | Path | None = None) -> Explana
         "tails": parts["tails"][1] - parts["tails"][0],
         "rest": parts["overhead"][1] - parts["overhead"][0],
     }
+    variability = _variability(dag, timings.get("step_durations"), replayed.actions_end_ms)
+    waits_split = None if variability is None else {"variability": variability,
+                                                     "idle": error_parts["waits"] - variability}
     starts = [a.measured_start_ms for a in actions]
     ends = [a.measured_start_ms + a.measured_ms for a in actions]
     busy = [sum(a.measured_ms for a in actions if a.rank == r) for r in range(plan.schedule.num_ranks)]
@@ -220,11 +240,24 @@ def explain(run_dir: str | Path, plan_path: str | Path | None = None) -> Explana
                           step_overhead_ms=step - measured_finish, busy_ms=busy, critical_path=[])
     return Explanation(
         run_dir=str(run), freeze=freeze, actions=actions, predicted_step_ms=predicted.batch_time_ms,
-        measured_step_ms=step, parts=parts, error_parts=error_parts,
+        measured_step_ms=step, parts=parts, error_parts=error_parts, waits_split=waits_split,
         predicted_path=[str(dag.actions[v]) for v in predicted.critical_path],
         measured_path=[str(dag.actions[v]) for v in replayed.critical_path], predicted=predicted, replayed=replayed,
         measured=timeline, predicted_dag=dag,
     )
+
+
+def _variability(dag: Dag, per_step: dict[str, Any] | None, median_replay_ms: float) -> float | None:
+    """Median over steps of the DAG replayed with each step's own durations (plus dispatch), minus the replay
+    of the median durations (ms); None without per-step durations for every action."""
+    if not per_step or not per_step["ms"]:
+        return None
+    index = {a: i for i, a in enumerate(per_step["actions"])}
+    if any(str(a) not in index for a in dag.actions):
+        return None
+    cols = [index[str(a)] for a in dag.actions]
+    spans = [simulate(dag, [row[i] + dag.dispatch_ms for i in cols]).actions_end_ms for row in per_step["ms"].values()]
+    return statistics.median(spans) - median_replay_ms
 
 
 def chrome_trace(ex: Explanation) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from tfrun.timing import (
     rank_tails,
     spread,
     stats_by_stage_kind,
+    step_durations,
 )
 
 FREEZE_STATS_VERSION = 1
@@ -302,6 +303,7 @@ def write_outputs(out: Path, config: TrainConfig, summary: dict, records: list[A
         "ranks": [{"rank": r, "optimizer_ms": statistics.median(v), "optimizer_spread": spread(v),
                    "tail_ms": tails.get(r)} for r, v in sorted(optimizer.items())],
         "makespan_ms": makespans(records),
+        "step_durations": step_durations(records),
         "dispatch_ms": prof.dispatch_ms,
         "p2p_ms": prof.p2p_ms,
         "replayed_step_ms": prof.source.get("replayed_step_ms"),

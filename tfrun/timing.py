@@ -173,6 +173,20 @@ def action_table(records: Iterable[ActionTime]) -> dict[str, dict]:
             for a, rs in sorted(groups.items())}
 
 
+def step_durations(records: Iterable[ActionTime]) -> dict:
+    """Every timed step's action durations: {"actions": [names, sorted], "ms": {step: [ms per action, in that
+    order]}}, rounded to 1 us. `tfplan explain` replays each step on the DAG, which separates the waits that
+    come from action times varying between steps (the longest path of each step's own times is longer than
+    the path of the median times) from idle time the DAG does not explain. Steps that lack an action (a
+    rank's records cut short) are left out."""
+    by_step: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in records:
+        by_step[r.step][r.action] = r.duration_ms
+    names = sorted({a for row in by_step.values() for a in row})
+    return {"actions": names, "ms": {str(step): [round(row[a], 3) for a in names]
+                                     for step, row in sorted(by_step.items()) if len(row) == len(names)}}
+
+
 def _rank_sequences(records: Iterable[ActionTime]) -> dict[tuple[int, int], list[ActionTime]]:
     """(step, rank) -> that rank's actions of that step in execution order."""
     per_rank: dict[tuple[int, int], list[ActionTime]] = defaultdict(list)
