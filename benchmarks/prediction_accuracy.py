@@ -62,6 +62,17 @@ def train(root: Path, plan: Path, freeze: str, tag: str, steps: int | None = Non
     return json.loads((out / "summary.json").read_text()) | {"dir": str(out)}
 
 
+def error_split(run_dir: str) -> str:
+    """`tfplan explain`'s split of a run's prediction error (ms per step), waits split when the run has them."""
+    ex = json.loads(_run(["tfplan", "explain", run_dir, "--json"]))
+    parts = dict(ex["error_parts_ms"])
+    waits = ex.get("waits_split_ms")
+    if waits:
+        parts.pop("waits")
+        parts = {"actions": parts.pop("actions"), "variability": waits["variability"], "idle": waits["idle"]} | parts
+    return "error split (ms): " + ", ".join(f"{k} {v:+.1f}" for k, v in parts.items())
+
+
 def closed_loop(root: Path, schedules: list[str], rounds: int) -> None:
     print(f"closed loop, tiny model, {RANKS} gloo ranks x {DP} replicas, M = {M}, {MB_SIZE} x {SEQ} tokens, cap {CAP}, "
           f"{STEPS} training steps per run, {PROFILE_STEPS} per profiling run; load average {os.getloadavg()[0]:.2f}")
@@ -92,6 +103,8 @@ def closed_loop(root: Path, schedules: list[str], rounds: int) -> None:
                   f"{frozen['prediction_error']:+7.1%} {speed:7.3f} {pred:6.3f}  spread "
                   f"{q.get('max_spread', 0):.0%}, replay gap {q.get('replay_gap', float('nan')):+.1%}", flush=True)
             table.setdefault(name, []).append(frozen["prediction_error"])
+            for run in (none, frozen):
+                print(f"{'':24s} {Path(run['dir']).name}: {error_split(run['dir'])}", flush=True)
     print("\nplan prediction error per schedule (all rounds): " + "; ".join(
         f"{n} {' '.join(f'{e:+.1%}' for e in errs)} (worst {max(errs, key=abs):+.1%})" for n, errs in table.items()))
     print(f"runs kept in {root}; `tfplan explain DIR` on any run shows where its step went")

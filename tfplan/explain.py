@@ -10,7 +10,7 @@ last action) and summary.json (the measured step). The plan predicts every actio
              the modelled p2p lag (and the step's head before the first action). With the run's per-step
              durations (timings.json step_durations) it splits in two:
                variability  the median over steps of each step replayed with its own action times, minus the
-                            replay of the median times. Each step's makespan is its longest path, and the
+                            replay of those steps' median times. Each step's makespan is its longest path, and the
                             longest of several noisy paths exceeds the longest of their medians: the more
                             paths are near-critical (an LP plan balances them), the more this costs;
                idle         the rest: time between actions that no replay of measured times explains
@@ -230,7 +230,7 @@ def explain(run_dir: str | Path, plan_path: str | Path | None = None) -> Explana
         "tails": parts["tails"][1] - parts["tails"][0],
         "rest": parts["overhead"][1] - parts["overhead"][0],
     }
-    variability = _variability(dag, timings.get("step_durations"), replayed.actions_end_ms)
+    variability = _variability(dag, timings.get("step_durations"))
     waits_split = None if variability is None else {"variability": variability,
                                                      "idle": error_parts["waits"] - variability}
     starts = [a.measured_start_ms for a in actions]
@@ -247,17 +247,18 @@ def explain(run_dir: str | Path, plan_path: str | Path | None = None) -> Explana
     )
 
 
-def _variability(dag: Dag, per_step: dict[str, Any] | None, median_replay_ms: float) -> float | None:
+def _variability(dag: Dag, per_step: dict[str, Any] | None) -> float | None:
     """Median over steps of the DAG replayed with each step's own durations (plus dispatch), minus the replay
-    of the median durations (ms); None without per-step durations for every action."""
+    of the same steps' median durations (ms); None without per-step durations for every action."""
     if not per_step or not per_step["ms"]:
         return None
     index = {a: i for i, a in enumerate(per_step["actions"])}
     if any(str(a) not in index for a in dag.actions):
         return None
-    cols = [index[str(a)] for a in dag.actions]
-    spans = [simulate(dag, [row[i] + dag.dispatch_ms for i in cols]).actions_end_ms for row in per_step["ms"].values()]
-    return statistics.median(spans) - median_replay_ms
+    rows = [[row[index[str(a)]] + dag.dispatch_ms for a in dag.actions] for row in per_step["ms"].values()]
+    spans = [simulate(dag, row).actions_end_ms for row in rows]
+    medians = [statistics.median(col) for col in zip(*rows)]
+    return statistics.median(spans) - simulate(dag, medians).actions_end_ms
 
 
 def chrome_trace(ex: Explanation) -> dict[str, Any]:

@@ -173,9 +173,14 @@ def action_table(records: Iterable[ActionTime]) -> dict[str, dict]:
             for a, rs in sorted(groups.items())}
 
 
-def step_durations(records: Iterable[ActionTime]) -> dict:
-    """Every timed step's action durations: {"actions": [names, sorted], "ms": {step: [ms per action, in that
-    order]}}, rounded to 1 us. `tfplan explain` replays each step on the DAG, which separates the waits that
+STEP_DURATIONS_KEPT = 200
+"""Steps whose own durations timings.json keeps (the last ones): a median's worth, and a bounded file (8 ranks x
+M = 64 x F, I, W is 1536 actions a step: 200 steps are about 2.5 MB)."""
+
+
+def step_durations(records: Iterable[ActionTime], kept: int = STEP_DURATIONS_KEPT) -> dict:
+    """The last `kept` timed steps' action durations: {"actions": [names, sorted], "ms": {step: [ms per action,
+    in that order]}}, rounded to 1 us. `tfplan explain` replays each step on the DAG, which separates the waits that
     come from action times varying between steps (the longest path of each step's own times is longer than
     the path of the median times) from idle time the DAG does not explain. Steps that lack an action (a
     rank's records cut short) are left out."""
@@ -183,8 +188,8 @@ def step_durations(records: Iterable[ActionTime]) -> dict:
     for r in records:
         by_step[r.step][r.action] = r.duration_ms
     names = sorted({a for row in by_step.values() for a in row})
-    return {"actions": names, "ms": {str(step): [round(row[a], 3) for a in names]
-                                     for step, row in sorted(by_step.items()) if len(row) == len(names)}}
+    complete = [(step, row) for step, row in sorted(by_step.items()) if len(row) == len(names)][-kept:]
+    return {"actions": names, "ms": {str(step): [round(row[a], 3) for a in names] for step, row in complete}}
 
 
 def _rank_sequences(records: Iterable[ActionTime]) -> dict[tuple[int, int], list[ActionTime]]:
