@@ -9,6 +9,7 @@ Also (--stability) how a profile's medians move with the number of profiling ste
     python benchmarks/prediction_accuracy.py --schedules 1f1b,gpipe --rounds 1
     python benchmarks/prediction_accuracy.py --stability         # profile steps 6 / 10 / 20 / 40, 3 each
     python benchmarks/prediction_accuracy.py --drift             # one long unfrozen run, step time by window
+    python benchmarks/prediction_accuracy.py --report DIR        # the table again from a previous --out DIR
 
 --steps (training steps per run) and --profile-steps (steps per profiling run) set how long each measurement
 is. This VM's speed wanders on a time scale of tens of seconds (--drift: medians of 15-step windows of one
@@ -62,23 +63,51 @@ def train(root: Path, plan: Path, freeze: str, tag: str, steps: int | None = Non
     return json.loads((out / "summary.json").read_text()) | {"dir": str(out)}
 
 
-def error_split(run_dir: str) -> str:
-    """`tfplan explain`'s split of a run's prediction error (ms per step), waits split when the run has them."""
+def error_split(run_dir: str) -> tuple[str, float, float]:
+    """`tfplan explain`'s split of a run's prediction error (ms per step; waits split when the run has them),
+    the forwards' measured / predicted time (the machine's speed against the profile's) and the error at that
+    speed."""
     ex = json.loads(_run(["tfplan", "explain", run_dir, "--json"]))
     parts = dict(ex["error_parts_ms"])
     waits = ex.get("waits_split_ms")
     if waits:
         parts.pop("waits")
         parts = {"actions": parts.pop("actions"), "variability": waits["variability"], "idle": waits["idle"]} | parts
-    return "error split (ms): " + ", ".join(f"{k} {v:+.1f}" for k, v in parts.items())
+    split = "error split (ms): " + ", ".join(f"{k} {v:+.1f}" for k, v in parts.items())
+    return split, ex["forward_speed"], ex["speed_adjusted_error"]
+
+
+HEADER = (f"{'schedule':18s} {'round':>5s} {'pred none':>9s} {'meas none':>9s} {'err':>7s} {'pred plan':>9s} "
+          f"{'meas plan':>9s} {'err':>7s} {'speedup':>7s} {'pred':>6s}  profile quality")
+
+
+def report_round(name: str, k: int, prof: Path, none: dict, frozen: dict, table: dict) -> None:
+    """One row of the table, then each run's error split and speed-adjusted error (`tfplan explain`)."""
+    q = json.loads(prof.read_text()).get("quality", {})
+    speed, pred = none["step_time_ms"] / frozen["step_time_ms"], none["predicted_step_ms"] / frozen["predicted_step_ms"]
+    print(f"{name:18s} {k:5d} {none['predicted_step_ms']:9.1f} {none['step_time_ms']:9.1f} "
+          f"{none['prediction_error']:+7.1%} {frozen['predicted_step_ms']:9.1f} {frozen['step_time_ms']:9.1f} "
+          f"{frozen['prediction_error']:+7.1%} {speed:7.3f} {pred:6.3f}  spread "
+          f"{q.get('max_spread', 0):.0%}, replay gap {q.get('replay_gap', float('nan')):+.1%}", flush=True)
+    adjusted = {}
+    for label, run in (("none", none), ("plan", frozen)):
+        split, fwd, adjusted[label] = error_split(run["dir"])
+        print(f"{'':8s} {label}: forwards x{fwd:.3f}, error at that speed {adjusted[label]:+.1%}; {split}", flush=True)
+    table.setdefault(name, []).append((frozen["prediction_error"], adjusted["plan"]))
+
+
+def summarize(table: dict) -> None:
+    for i, what in enumerate(("plan prediction error", "plan prediction error at the run's forward speed")):
+        print(f"\n{what} per schedule (all rounds): " + "; ".join(
+            f"{n} {' '.join(f'{e[i]:+.1%}' for e in errs)} (worst {max((e[i] for e in errs), key=abs):+.1%})"
+            for n, errs in table.items()))
 
 
 def closed_loop(root: Path, schedules: list[str], rounds: int) -> None:
     print(f"closed loop, tiny model, {RANKS} gloo ranks x {DP} replicas, M = {M}, {MB_SIZE} x {SEQ} tokens, cap {CAP}, "
           f"{STEPS} training steps per run, {PROFILE_STEPS} per profiling run; load average {os.getloadavg()[0]:.2f}")
-    print(f"{'schedule':18s} {'round':>5s} {'pred none':>9s} {'meas none':>9s} {'err':>7s} {'pred plan':>9s} "
-          f"{'meas plan':>9s} {'err':>7s} {'speedup':>7s} {'pred':>6s}  profile quality")
-    table: dict[str, list[float]] = {}
+    print(HEADER)
+    table: dict[str, list[tuple[float, float]]] = {}
     for k in range(rounds):
         for name in schedules:
             v = SCHEDULES[name]
@@ -95,19 +124,26 @@ def closed_loop(root: Path, schedules: list[str], rounds: int) -> None:
                   "-c", str(CAP), "--dp", str(DP), "-o", str(plan), "--json"])
             none = train(root, plan, "none", f"r{k}")
             frozen = train(root, plan, "plan", f"r{k}")
-            q = json.loads(prof.read_text()).get("quality", {})
-            speed, pred = none["step_time_ms"] / frozen["step_time_ms"], none["predicted_step_ms"] / frozen[
-                "predicted_step_ms"]
-            print(f"{name:18s} {k:5d} {none['predicted_step_ms']:9.1f} {none['step_time_ms']:9.1f} "
-                  f"{none['prediction_error']:+7.1%} {frozen['predicted_step_ms']:9.1f} {frozen['step_time_ms']:9.1f} "
-                  f"{frozen['prediction_error']:+7.1%} {speed:7.3f} {pred:6.3f}  spread "
-                  f"{q.get('max_spread', 0):.0%}, replay gap {q.get('replay_gap', float('nan')):+.1%}", flush=True)
-            table.setdefault(name, []).append(frozen["prediction_error"])
-            for run in (none, frozen):
-                print(f"{'':24s} {Path(run['dir']).name}: {error_split(run['dir'])}", flush=True)
-    print("\nplan prediction error per schedule (all rounds): " + "; ".join(
-        f"{n} {' '.join(f'{e:+.1%}' for e in errs)} (worst {max(errs, key=abs):+.1%})" for n, errs in table.items()))
+            report_round(name, k, prof, none, frozen, table)
+    summarize(table)
     print(f"runs kept in {root}; `tfplan explain DIR` on any run shows where its step went")
+
+
+def report(root: Path) -> None:
+    """The closed loop's table again, from the profiles, plans and runs a previous call left in `root`."""
+    print(f"closed loop kept in {root}")
+    print(HEADER)
+    table: dict[str, list[tuple[float, float]]] = {}
+    plans = sorted(root.glob("plan-*-r*.json"), key=lambda p: (int(p.stem.rsplit("-r", 1)[1]), p.stat().st_mtime))
+    for plan in plans:
+        name, k = plan.stem[len("plan-"):].rsplit("-r", 1)
+        runs = [root / f"{plan.stem}-{freeze}-r{k}" for freeze in ("none", "plan")]
+        if not all((run / "timings.json").exists() for run in runs):
+            continue  # a round cut short
+        profs = sorted(root.glob(f"profile-{name}-r{k}*.json"), key=lambda p: p.stat().st_mtime)
+        none, frozen = (json.loads((run / "summary.json").read_text()) | {"dir": str(run)} for run in runs)
+        report_round(name, int(k), profs[-1], none, frozen, table)
+    summarize(table)
 
 
 def stability(root: Path, repeats: int = 3) -> None:
@@ -153,12 +189,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--stability", action="store_true")
     ap.add_argument("--drift", action="store_true", help="one long unfrozen run: its step time by window")
+    ap.add_argument("--report", metavar="DIR", help="print the closed loop's table from a previous --out DIR")
     ap.add_argument("--steps", type=int, default=STEPS, help="training steps per run")
     ap.add_argument("--profile-steps", type=int, default=PROFILE_STEPS, help="steps per profiling run")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas (the profile measures them too)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     DP, STEPS, PROFILE_STEPS = args.dp, args.steps, args.profile_steps
+    if args.report:
+        report(Path(args.report))
+        return
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="prediction-"))
     root.mkdir(parents=True, exist_ok=True)
     if args.stability:

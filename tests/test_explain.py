@@ -196,3 +196,18 @@ def test_runs_without_per_step_durations_or_with_bad_ones(tmp_path):
     (run / "timings.json").write_text(json.dumps(timings))
     result = CliRunner().invoke(app, ["explain", str(run)])
     assert result.exit_code == 1 and "step_durations" in result.output and len(result.output.splitlines()) == 1
+
+
+def test_forward_speed_takes_the_machines_drift_out_of_the_error(tmp_path):
+    plan_path, p = _plan(tmp_path)
+    matched = explain.explain(_run(tmp_path, plan_path, p, {}), None)
+    assert matched.forward_speed == pytest.approx(1.0) and matched.speed_adjusted_error == pytest.approx(0.0)
+    planned = p.dag.durations(list(p.ratios))
+    slower = {str(a): 0.1 * d for a, d in zip(p.dag.actions, planned)}  # a machine 10% slower on every action
+    (tmp_path / "run").rename(tmp_path / "matched")
+    ex = explain.explain(_run(tmp_path, plan_path, p, slower), None)
+    assert ex.forward_speed == pytest.approx(1.1)
+    assert ex.speed_adjusted_error == pytest.approx(ex.measured_step_ms / (1.1 * ex.predicted_step_ms) - 1)
+    assert ex.error > 0 and abs(ex.speed_adjusted_error) < ex.error
+    data = ex.to_dict()
+    assert data["forward_speed"] == pytest.approx(1.1) and "speed_adjusted_error" in data

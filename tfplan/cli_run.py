@@ -155,6 +155,9 @@ def render_explanation(ex, top: int) -> None:
     console = out()
     console.print(f"[bold]{ex.run_dir}[/bold] (freeze {ex.freeze}): measured step {ex.measured_step_ms:.1f} ms, "
                   f"predicted {ex.predicted_step_ms:.1f} ms, error {ex.error:+.1%}")
+    console.print(f"forwards (never frozen) took {ex.forward_speed:.2f}x their predicted time: at that speed of "
+                  f"the machine the prediction is {ex.predicted_step_ms * ex.forward_speed:.1f} ms, error "
+                  f"{ex.speed_adjusted_error:+.1%}")
     parts = Table(title="where the step's time goes (ms)", title_justify="left", show_edge=False)
     for col in ("part", "predicted", "measured", "difference"):
         parts.add_column(col, justify="right" if col != "part" else "left")

@@ -85,6 +85,21 @@ class Explanation:
     def error(self) -> float:
         return (self.measured_step_ms - self.predicted_step_ms) / self.predicted_step_ms
 
+    @property
+    def forward_speed(self) -> float:
+        """Median over the forwards of measured / predicted time: how fast the machine ran during the run
+        against its profile. Forwards are never frozen, so their drift is the machine's, not the model's."""
+        ratios = [a.measured_ms / a.predicted_ms for a in self.actions
+                  if parse_action(a.action).kind == "F" and a.predicted_ms > 0]
+        return statistics.median(ratios) if ratios else 1.0
+
+    @property
+    def speed_adjusted_error(self) -> float:
+        """The error of the prediction scaled by `forward_speed`: what remains when the machine's drift
+        between the profile and the run is taken out (every part of the step assumed to drift alike)."""
+        predicted = self.predicted_step_ms * self.forward_speed
+        return (self.measured_step_ms - predicted) / predicted
+
     def by_stage_kind(self) -> list[tuple[str, int, float, float, float]]:
         """(stage+kind, count, mean predicted ms, mean measured ms, summed residual ms), largest |sum| first."""
         groups: dict[str, list[ActionResidual]] = {}
@@ -103,6 +118,7 @@ class Explanation:
         return {
             "run_dir": self.run_dir, "freeze": self.freeze, "predicted_step_ms": self.predicted_step_ms,
             "measured_step_ms": self.measured_step_ms, "error": self.error,
+            "forward_speed": self.forward_speed, "speed_adjusted_error": self.speed_adjusted_error,
             "parts": {k: {"predicted_ms": p, "measured_ms": m} for k, (p, m) in self.parts.items()},
             "error_parts_ms": self.error_parts, "waits_split_ms": self.waits_split,
             "by_stage_kind": [{"key": k, "count": n, "predicted_ms": p, "measured_ms": m, "residual_sum_ms": r}
