@@ -13,8 +13,8 @@ Also (--stability) how a profile's medians move with the number of profiling ste
 
 --steps (training steps per run) and --profile-steps (steps per profiling run) set how long each measurement
 is. This VM's speed wanders on a time scale of tens of seconds (--drift: medians of 15-step windows of one
-run spread by about 20%), so a 30-step median is about two independent samples of the machine's state, and
-a longer measurement averages more of them.
+run spread over 24% of its median, docs/benchmarks.md), so a 30-step median is about two samples of the
+machine's state, and a longer measurement averages more of them.
 """
 
 from __future__ import annotations
