@@ -170,8 +170,7 @@ class OnlinePlanner:
         """Put `plan` in force from `step` on every rank; rank 0 writes it."""
         old = self.plan["predicted"]["planned_ms"] if self.plan is not None and self.plans else None
         self.plan = plan
-        ratios = {(a.stage, a.mb): r for a, r in ((parse_action(x["action"]), x["freeze_ratio"])
-                                                  for x in plan["actions"]) if a.kind in FREEZABLE and r > 0}
+        ratios = {(s, m): r for s, row in enumerate(plan["freeze_ratio"]) for m, r in enumerate(row) if r > 0}
         local = set(self.freezer.stage_candidates)
         self.freezer.set_plan({k: r for k, r in ratios.items() if k[0] in local}, step, ramp)
         predicted = plan["predicted"]["planned_ms"]
@@ -254,6 +253,8 @@ class OnlinePlanner:
 
     def load_state_dict(self, state: dict) -> None:
         self.plan, self.plans, self.solve_s = state["plan"], state["plans"], state["solve_s"]
+        if self.plan is not None and self.plan.get("schema_version") != plan_mod.SCHEMA_VERSION:
+            self.plan = plan_mod.to_dict(plan_mod.from_dict(self.plan))  # a checkpoint of an older tfrun
         self.restored = tuple([ActionTime(*row) for row in rows] for rows in state["measuring"])
 
     def summary(self, metrics: list[dict]) -> dict:
