@@ -22,10 +22,11 @@ from tfplan import dag as dag_mod
 from tfplan import fastlp, lp, profile, schedules, solver
 from tfplan.errors import TfplanError
 from tfplan.fastlp import phases
+from tfplan.fastlp.dual import tied_dual
 from tfplan.fastlp.glop import solve_glop
 from tfplan.fastlp.graph import GraphArrays, Runs
 from tfplan.fastlp.margins import Margins
-from tfplan.fastlp.tied import Compressed, Phase, tied_dual, tied_primal
+from tfplan.fastlp.tied import Compressed, Phase, tied_primal
 from tfplan.profile import Profile, StageCost
 from tfplan.simulate import simulate
 

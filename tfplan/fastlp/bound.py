@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tfplan.fastlp.dual import dual_layout
 from tfplan.fastlp.graph import GraphArrays
-from tfplan.fastlp.tied import Compressed, Phase, SparseLP, dual_layout
+from tfplan.fastlp.tied import Compressed, Phase, SparseLP
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -2,7 +2,9 @@
 
 Part of tfplan.fastlp. solve_glop fills a model through model_builder's helper (one call per entry, no scipy)
 and hands it to pywraplp as a proto: pywraplp reports simplex iterations, honours a time limit and releases the
-GIL while solving, so a tied primal and a tied dual can be solved in two threads.
+GIL while solving, so a tied primal and a tied dual can be solved in two threads. solve_warm starts GLOP from a
+given basis (Note [warm phase 3] in tfplan.fastlp.phases), which pywraplp cannot: it goes through math_opt's
+GLOP with a ModelProto filled column by column.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf import text_format
 from ortools.linear_solver import linear_solver_pb2, pywraplp
 from ortools.linear_solver.python import model_builder_helper as mbh
+from ortools.math_opt import callback_pb2, model_parameters_pb2, model_pb2, parameters_pb2, result_pb2
+from ortools.math_opt.core.python import solver as math_opt_solver
 
 from tfplan.fastlp.tied import SparseLP
 from tfplan.lp import GLOP_PARAMS, Deadline
@@ -38,6 +43,9 @@ class LPResult:
     """Seconds to fill and solve the model."""
     duals: np.ndarray | None = None
     """Row duals (when asked for): >= 0 on a binding lower side of a minimisation, <= 0 on an upper side."""
+    basis: tuple[np.ndarray, np.ndarray] | None = None
+    """(column statuses, row statuses) of the optimal basis (when asked for), in math_opt's BasisStatusProto
+    codes (FREE 1, AT_LOWER 2, AT_UPPER 3, FIXED 4, BASIC 5; a row's status is its activity's)."""
 
 
 class Race:
@@ -69,11 +77,12 @@ class Race:
 
 
 def solve_glop(lp: SparseLP, params: str = "", time_limit_s: float | None = None,
-               duals: bool = False, race: Race | None = None) -> LPResult | None:
+               duals: bool = False, race: Race | None = None, basis: bool = False) -> LPResult | None:
     """Solve with GLOP through pywraplp (as tfplan.solver); None unless OPTIMAL (or out of time, or lost a race).
 
     params: GLOP parameters in text format (Note [LP tolerance] in tfplan.fastlp.phases); time_limit_s: GLOP's own
-    limit (None = none); duals: also return the row duals; race: the Race this solve runs in.
+    limit (None = none); duals: also return the row duals; race: the Race this solve runs in; basis: also return
+    the optimal basis (LPResult.basis).
     """
     start = time.perf_counter()
     ri, ci, val = _coalesce(lp.ri, lp.ci, lp.val)
@@ -107,10 +116,64 @@ def solve_glop(lp: SparseLP, params: str = "", time_limit_s: float | None = None
         return None
     response = linear_solver_pb2.MPSolutionResponse()
     solver.FillSolutionResponseProto(response)
+    statuses = None
+    if basis:  # pywraplp's codes (FREE 0 ... BASIC 4) are math_opt's minus one
+        statuses = (np.fromiter((v.basis_status() for v in solver.variables()), np.int64, len(lp.lb)) + 1,
+                    np.fromiter((k.basis_status() for k in solver.constraints()), np.int64, len(lp.row_lo)) + 1)
     return LPResult(
         objective=solver.Objective().Value(), x=np.asarray(response.variable_value), iterations=solver.iterations(),
-        wall_s=time.perf_counter() - start, duals=np.asarray(response.dual_value) if duals else None,
+        wall_s=time.perf_counter() - start, duals=np.asarray(response.dual_value) if duals else None, basis=statuses,
     )
+
+
+def solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str,
+               time_limit_s: float | None = None) -> LPResult | None:
+    """GLOP started from `basis` (LPResult.basis's codes), through math_opt; None unless OPTIMAL (or out of time).
+
+    GLOP uses a starting basis only without presolve, so `params` should say use_preprocessing: false.
+    """
+    start = time.perf_counter()
+    ri, ci, val = _coalesce(lp.ri, lp.ci, lp.val)
+    order = np.lexsort((ci, ri))  # math_opt wants the matrix in row-major order
+    model = model_pb2.ModelProto()
+    cols, rows = np.arange(len(lp.lb)).tolist(), np.arange(len(lp.row_lo)).tolist()
+    model.variables.ids.extend(cols)
+    model.variables.lower_bounds.extend(lp.lb.tolist())
+    model.variables.upper_bounds.extend(lp.ub.tolist())
+    model.variables.integers.extend([False] * len(cols))
+    nz = np.flatnonzero(lp.obj)
+    model.objective.maximize = lp.maximize
+    model.objective.linear_coefficients.ids.extend(nz.tolist())
+    model.objective.linear_coefficients.values.extend(lp.obj[nz].tolist())
+    model.linear_constraints.ids.extend(rows)
+    model.linear_constraints.lower_bounds.extend(lp.row_lo.tolist())
+    model.linear_constraints.upper_bounds.extend(lp.row_hi.tolist())
+    matrix = model.linear_constraint_matrix
+    matrix.row_ids.extend(ri[order].tolist())
+    matrix.column_ids.extend(ci[order].tolist())
+    matrix.coefficients.extend(val[order].tolist())
+    solve_params = parameters_pb2.SolveParametersProto()
+    text_format.Parse(params, solve_params.glop)
+    if time_limit_s is not None:
+        left = time_limit_s - (time.perf_counter() - start)
+        if left <= 0:
+            return None
+        solve_params.time_limit.FromNanoseconds(int(left * 1e9))
+    model_params = model_parameters_pb2.ModelSolveParametersProto()
+    model_params.initial_basis.variable_status.ids.extend(cols)
+    model_params.initial_basis.variable_status.values.extend(basis[0].tolist())
+    model_params.initial_basis.constraint_status.ids.extend(rows)
+    model_params.initial_basis.constraint_status.values.extend(basis[1].tolist())
+    result = math_opt_solver.solve(model, parameters_pb2.SOLVER_TYPE_GLOP, parameters_pb2.SolverInitializerProto(),
+                                   solve_params, model_params, None, callback_pb2.CallbackRegistrationProto(), None,
+                                   None)
+    if result.termination.reason != result_pb2.TERMINATION_REASON_OPTIMAL or not result.solutions:
+        return None
+    primal = result.solutions[0].primal_solution
+    x = np.zeros(len(cols))
+    x[np.asarray(primal.variable_values.ids, dtype=np.int64)] = primal.variable_values.values
+    return LPResult(objective=primal.objective_value, x=x, iterations=result.solve_stats.simplex_iterations,
+                    wall_s=time.perf_counter() - start)
 
 
 def _coalesce(ri: np.ndarray, ci: np.ndarray, val: np.ndarray):
@@ -129,14 +192,15 @@ def _coalesce(ri: np.ndarray, ci: np.ndarray, val: np.ndarray):
 
 
 def solve_lp(lp: SparseLP, tied: bool, deadline: Deadline, dual_simplex: bool = False, precise: bool = False,
-             duals: bool = False, extra: str = "", race: Race | None = None) -> LPResult | None:
+             duals: bool = False, extra: str = "", race: Race | None = None, basis: bool = False) -> LPResult | None:
     """GLOP with the settings of Note [LP tolerance]; GLOP's defaults if those fail; None once out of time.
 
     A tied LP only has to give a bound: a primal-feasible point is enough, so GLOP's IMPRECISE (dual
     tolerance missed, which weights of thousands of tied actions can cause) counts as a result there.
     dual_simplex: for the tied primal of phases 2-3; precise: PLAN_PARAMS, to polish a bound (Note [LP
     tolerance]); duals: return the row duals too (an untied primal certifies itself with them); extra: more
-    GLOP parameters; race: the Race it runs in (no fallback once the race is over).
+    GLOP parameters; race: the Race it runs in (no fallback once the race is over); basis: return the optimal
+    basis too (LPResult.basis).
     """
     params = (PLAN_PARAMS if precise else GLOP_PARAMS if len(lp.obj) <= TIGHT_COLUMNS else "") + extra
     if dual_simplex:
@@ -147,7 +211,7 @@ def solve_lp(lp: SparseLP, tied: bool, deadline: Deadline, dual_simplex: bool = 
         if deadline.expired():
             return None
         limit = None if deadline.limit_s is None else deadline.remaining()
-        result = solve_glop(lp, attempt, limit, duals, race)
+        result = solve_glop(lp, attempt, limit, duals, race, basis)
         if result is not None or (race is not None and race.over):
             return result
     return None

@@ -1,4 +1,4 @@
-"""The two small LPs of fastlp: the tied primal (an upper bound) and the tied dual (a lower bound).
+"""The tied primal of fastlp (an upper bound), and what it shares with the tied dual (tfplan.fastlp.dual).
 
 Part of tfplan.fastlp; Note [periodic compression] there says why both are exact bounds. Both are built
 as sparse COO matrices (numpy) from GraphArrays + Ties; tfplan.fastlp hands them to GLOP. Phases follow
@@ -6,8 +6,8 @@ Note [three-phase LP] in tfplan.lp:
   phase 1  min T;   phase 2  min sum r, T <= t_ub;
   phase 3  min 2 sum e, also sum r <= r_ub, |A_s| mu_s = sum_{a in A_s} r_a, e_a >= r_a - mu_s (e_a >= 0).
 Tied actions share r, so they share e (= max(0, r - mu_s) at the optimum): a tied e column weighs as many
-actions as it stands for, like its r column; mu_s is one column per stage. dual_layout names the tied dual's columns,
-which tfplan.fastlp.bound expands into a dual vector of the full LP.
+actions as it stands for, like its r column; mu_s is one column per stage. dual.dual_layout names the tied dual's
+columns, which tfplan.fastlp.bound expands into a dual vector of the full LP.
 """
 
 from __future__ import annotations
@@ -231,6 +231,32 @@ def tied_primal(c: Compressed, phase: Phase) -> SparseLP:
     )
 
 
+def phase3_basis(c: Compressed, primal2: SparseLP, primal3: SparseLP, x2: np.ndarray,
+                 basis2: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A starting basis for phase 3's tied primal from phase 2's optimal one, same ties (Note [warm phase 3] in
+    tfplan.fastlp.phases). Phase 3 adds columns mu, e after phase 2's and rows total, mean, dev before the tau
+    rows; each new row gets one new basic variable: the total row its slack (R2 is within its bound), mean row s
+    mu_s, deviation row a e_a where phase 2's r_a is above its stage's mean (else the row's slack). The matrix
+    of new rows against new basics is triangular, so the basis is as regular as phase 2's. Codes: LPResult.basis.
+    """
+    free, at_lower, fixed, basic = 1, 2, 4, 5
+    nt, nr, ns = len(c.free_nodes), len(c.r_nodes), len(c.stages)
+    first_r = nt + c.ties.num_runs  # tied_primal's r columns
+    r = x2[first_r: first_r + nr]
+    stage = c.stage_idx[c.r_stage]
+    mu = np.bincount(stage, weights=c.weight * r, minlength=ns) / c.stage_size[c.stages]
+    above = r - mu[stage] > 0.0
+    cols = np.concatenate([basis2[0], np.full(ns, basic), np.where(above, basic, at_lower)])
+    rows = np.full(len(primal3.row_lo), free, dtype=np.int64)
+    for name in ("prec", "sink", "cap", "tau"):
+        rows[primal3.blocks[name]] = basis2[1][primal2.blocks[name]]
+    rows[primal3.blocks["total"]] = basic
+    rows[primal3.blocks["mean"]] = fixed
+    rows[primal3.blocks["dev"]] = np.where(above, at_lower, basic)
+    assert len(cols) == len(primal3.lb), "phase 3 appends mu and e to phase 2's columns"
+    return cols, rows
+
+
 def expand_ratios(c: Compressed, x: np.ndarray) -> np.ndarray:
     """Per-node ratios from a tied-primal solution x (tied nodes take their representative's), in [0, 1]."""
     r = np.zeros(c.g.n)
@@ -241,148 +267,3 @@ def expand_ratios(c: Compressed, x: np.ndarray) -> np.ndarray:
     frz = c.g.frz
     r[frz] = per_free[c.ties.rep[frz]]
     return r
-
-
-def _first_distinct(sig: np.ndarray) -> np.ndarray:
-    """Indices of the first occurrence of each distinct row of the int matrix sig, ascending. Exact: rows are
-    hashed, then every row is compared with its hash group's first row (np.unique on collisions)."""
-    if len(sig) == 0:
-        return np.zeros(0, dtype=np.int64)
-    mult = np.random.default_rng(12345).integers(1, 2**62, size=sig.shape[1], dtype=np.uint64) | np.uint64(1)
-    h = (sig.astype(np.uint64) * mult).sum(axis=1, dtype=np.uint64)
-    order = np.argsort(h, kind="stable")
-    hs = h[order]
-    new = np.ones(len(hs), dtype=bool)
-    new[1:] = hs[1:] != hs[:-1]
-    first_pos = np.maximum.accumulate(np.where(new, np.arange(len(hs)), 0))
-    if np.any(sig[order] != sig[order[first_pos]]):
-        return np.sort(np.unique(sig, axis=0, return_index=True)[1])
-    return np.sort(order[new])
-
-
-def _incidence(c: Compressed, sink_var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per node, sorted row-group ids of its in-rows and of its out-rows (sinks add their kappa column to
-    the out side), -1 padded: (n, width) int arrays."""
-    g, n = c.g, c.g.n
-    sk = g.sinks
-    owner_in, var_in = g.row_v, c.row_group
-    owner_out = np.concatenate([g.row_u, sk])
-    var_out = np.concatenate([c.row_group, sink_var])
-    mats = []
-    for owner, var in ((owner_in, var_in), (owner_out, var_out)):
-        order = np.argsort(owner, kind="stable")
-        owner, var = owner[order], var[order]
-        first = np.searchsorted(owner, np.arange(n))
-        slot = np.arange(len(owner)) - first[owner]
-        width = int(slot.max()) + 1 if len(slot) else 1
-        mat = np.full((n, width), -1, dtype=np.int64)
-        mat[owner, slot] = var
-        mats.append(np.sort(mat, axis=1))
-    return mats[0], mats[1]
-
-
-def dual_layout(c: Compressed, phase: Phase) -> dict[str, slice]:
-    """The tied dual's columns, by name: y per row group, kappa per sink row, lambda per capped stage, beta per
-    ratio column (its r <= 1), theta (T <= t_ub, when bounded), and in phase 3 rho (sum r <= r_ub), sigma per
-    capped stage (its mean row; free) and p per ratio column (e >= r - mu)."""
-    three = phase.number == 3
-    sizes = [
-        ("y", c.num_groups), ("kappa", len(c.g.sinks)), ("lambda", len(c.stages)), ("beta", len(c.r_nodes)),
-        ("theta", int(phase.t_ub < INF)), ("rho", int(three)), ("sigma", len(c.stages) if three else 0),
-        ("p", len(c.r_nodes) if three else 0),
-    ]
-    layout, at = {}, 0
-    for name, size in sizes:
-        layout[name] = slice(at, at + size)
-        at += size
-    return layout
-
-
-def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
-    """The dual LP with tied dual variables (a restriction of the dual: its optimum is <= the true one).
-
-    Columns: dual_layout (all >= 0 but sigma). Rows: one per primal column of the full LP (t_v, r_a, T, and in
-    phase 3 mu_s, e_a), identical rows kept once.
-    """
-    g, ties = c.g, c.ties
-    n = g.n
-    nr, ns = len(c.r_nodes), len(c.stages)
-    sk = g.sinks
-    three = phase.number == 3
-    col = dual_layout(c, phase)
-    ncols = col["p"].stop
-    obj = np.zeros(ncols)
-    # Objective: right-hand sides, each tied group counted once per row it stands for.
-    grp_rhs = np.zeros(c.num_groups)
-    grp_rhs[c.row_group] = g.d_max[g.row_u] + g.row_lag
-    obj[col["y"]] = grp_rhs * c.group_size
-    obj[col["kappa"]] = g.d_max[sk] + g.sink_tail
-    obj[col["lambda"]] = -phase.caps[c.stages] * c.stage_size[c.stages]
-    obj[col["beta"]] = -c.weight
-    obj[col["theta"]] = -phase.t_ub
-    obj[col["rho"]] = -phase.r_ub
-    sink_var = col["kappa"].start + np.arange(len(sk))
-    inc_in, inc_out = _incidence(c, sink_var)
-    tied = ties.rep != np.arange(n)
-    ri, ci, val, hi = [], [], [], []
-    nrow = 0
-    # t-constraints: in-rows minus out-rows (minus kappa at sinks) <= 0; tied nodes kept once per signature.
-    cand = np.flatnonzero(tied)
-    sig = np.hstack([ties.run[cand, None], inc_in[cand], inc_out[cand]])
-    keep_t = np.union1d(np.flatnonzero(~tied), cand[_first_distinct(sig)])
-    for mat, sign in ((inc_in, 1.0), (inc_out, -1.0)):
-        rows, slots = np.nonzero(mat[keep_t] >= 0)
-        ri.append(nrow + rows)
-        ci.append(mat[keep_t][rows, slots])
-        val.append(np.full(len(rows), sign))
-    hi.append(np.zeros(len(keep_t)))
-    nrow += len(keep_t)
-    # r-constraints: delta (out-rows + kappa) - lambda_s - beta [- rho - sigma_s - p] <= c_r.
-    frz = g.frz
-    cand = np.flatnonzero(tied & frz)
-    sig = np.hstack([ties.run[cand, None], inc_out[cand]])
-    keep_r = np.union1d(np.flatnonzero(~tied & frz), cand[_first_distinct(sig)])
-    out = inc_out[keep_r]
-    rows, slots = np.nonzero(out >= 0)
-    ri.append(nrow + rows)
-    ci.append(out[rows, slots])
-    val.append(g.delta[keep_r][rows])
-    rows = nrow + np.arange(len(keep_r))
-    rc = c.rcol[ties.rep[keep_r]]
-    stage = c.stage_idx[g.stage[keep_r]]
-    ones = np.ones(len(rows))
-    ri += [rows, rows]
-    ci += [col["lambda"].start + stage, col["beta"].start + rc]
-    val += [-ones, -ones]
-    if three:
-        ri += [rows] * 3
-        ci += [np.full(len(rows), col["rho"].start), col["sigma"].start + stage, col["p"].start + rc]
-        val += [-ones, -ones, -ones]
-    hi.append(np.full(len(rows), 1.0 if phase.number == 2 else 0.0))
-    nrow += len(rows)
-    # T: sum kappa - theta <= 1 (phase 1) or 0.
-    ri.append(np.full(len(sk) + int(phase.t_ub < INF), nrow))
-    ci += [sink_var, np.arange(col["theta"].start, col["theta"].stop)]
-    val += [np.ones(len(sk)), -np.ones(col["theta"].stop - col["theta"].start)]
-    hi.append(np.array([1.0 if phase.number == 1 else 0.0]))
-    nrow += 1
-    if three:
-        # mu_s: |A_s| sigma_s + sum_{a in A_s} p_a <= 0, a tied p counted once per action.
-        ri += [nrow + np.arange(ns), nrow + c.stage_idx[c.r_stage]]
-        ci += [col["sigma"].start + np.arange(ns), col["p"].start + np.arange(nr)]
-        val += [c.stage_size[c.stages].astype(np.float64), c.weight]
-        hi.append(np.zeros(ns))
-        nrow += ns
-        # e_a: p_a <= 2, its cost (identical for the actions of one ratio column: kept once).
-        ri.append(nrow + np.arange(nr))
-        ci.append(col["p"].start + np.arange(nr))
-        val.append(np.ones(nr))
-        hi.append(np.full(nr, 2.0))
-        nrow += nr
-    hi = np.concatenate(hi)
-    lb = np.zeros(ncols)
-    lb[col["sigma"]] = -INF
-    return SparseLP(
-        obj=obj, lb=lb, ub=np.full(ncols, INF), ri=np.concatenate(ri), ci=np.concatenate(ci),
-        val=np.concatenate(val), row_lo=np.full(len(hi), -INF), row_hi=hi, maximize=True,
-    )
