@@ -10,7 +10,7 @@ one action of that pair freezing can shorten) instead of one object per action r
 planned start and duration and both costs (the order, the profile's stages and a re-simulation give those).
 Measured on 1F1B 32 x 16384 (a million actions): 16.5 MB instead of 206 MB, and writing it is a few
 json.dumps of flat lists instead of a million small ones. Versions 1-2 (the per-action list) still load
-(_ratios_v2).
+(tfplan.plan_ratios).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tfplan.dag import Dag, build
 from tfplan.errors import TfplanError
 from tfplan.fileio import read_json, write_json_atomic, write_text_atomic
 from tfplan.lp import CAP_TOL, Solution, SolverRecord
+from tfplan.plan_ratios import ratio_table, ratios_v2, ratios_v3, require
 from tfplan.simulate import Simulation, simulate
 
 SCHEMA_VERSION = 3  # 2: solver.phases[i].gap, solver.time_limit_s, status FEASIBLE, the new even_spread,
@@ -117,24 +118,6 @@ class Plan:
     def ratio_table(self) -> list[list[float]]:
         """freeze_ratio[s][m]: the ratio of stage s's B or W action of micro-batch m (Note [compact plan])."""
         return ratio_table(self.dag, self.ratios)
-
-
-def ratio_table(dag: Dag, ratios: Sequence[float]) -> list[list[float]]:
-    """Stage x micro-batch table of the ratios of the actions freezing can shorten (B and W; Note [compact
-    plan]); every other action's ratio is 0 in every valid plan.
-
-    >>> from tfplan import profile, schedules
-    >>> dag = build(schedules.generate("1f1b", 2, 2), profile.uniform(2))
-    >>> [str(a) for a in dag.actions]
-    ['0F0', '0F1', '0B0', '0B1', '1F0', '1B0', '1F1', '1B1']
-    >>> ratio_table(dag, [0.0, 0.0, 0.5, 0.25, 0.0, 1.0, 0.0, 0.0])
-    [[0.5, 0.25], [1.0, 0.0]]
-    """
-    table = [[0.0] * dag.schedule.num_microbatches for _ in range(dag.schedule.num_stages)]
-    for a, r, f in zip(dag.actions, ratios, dag.freezable):
-        if f:
-            table[a.stage][a.mb] = r
-    return table
 
 
 def predict(dag: Dag, ratios: Sequence[float]) -> tuple[Predicted, Simulation]:
@@ -263,15 +246,6 @@ def write(plan: Plan, path: str | Path) -> Path:
 # Reading
 
 
-def _require(obj: Any, key: str, kind: type | tuple[type, ...], path: str) -> Any:
-    if not isinstance(obj, dict) or key not in obj:
-        raise TfplanError(f"{path}{key}: missing required field")
-    value = obj[key]
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise TfplanError(f"{path}{key}: wrong type {type(value).__name__}")
-    return value
-
-
 def from_dict(obj: Any) -> Plan:
     """Validate a plan JSON object and rebuild the Plan (re-simulating its predictions).
 
@@ -284,24 +258,24 @@ def from_dict(obj: Any) -> Plan:
     if type(version) is not int or version not in READABLE_VERSIONS:
         readable = ", ".join(map(str, READABLE_VERSIONS[:-1])) + f" or {READABLE_VERSIONS[-1]}"
         raise TfplanError(f"schema_version: must be {readable}, got {json.dumps(version)}")
-    sched_obj = _require(obj, "schedule", dict, "")
-    order_obj = _require(sched_obj, "order", list, "schedule.")
+    sched_obj = require(obj, "schedule", dict, "")
+    order_obj = require(sched_obj, "order", list, "schedule.")
     try:
         order = [[parse_action(a) for a in rank] for rank in order_obj]
     except (TfplanError, TypeError) as exc:
         raise TfplanError(f"schedule.order: {exc}") from None
-    m = _require(sched_obj, "num_microbatches", int, "schedule.")
-    sched = schedules.from_order(order, name=_require(sched_obj, "name", str, "schedule."), num_microbatches=m)
+    m = require(sched_obj, "num_microbatches", int, "schedule.")
+    sched = schedules.from_order(order, name=require(sched_obj, "name", str, "schedule."), num_microbatches=m)
     for key in ("num_ranks", "num_stages"):
-        if _require(sched_obj, key, int, "schedule.") != getattr(sched, key):
+        if require(sched_obj, key, int, "schedule.") != getattr(sched, key):
             raise TfplanError(f"schedule.{key}: says {sched_obj[key]} but the order has {getattr(sched, key)}")
 
-    prof_obj = _require(obj, "profile", dict, "")
-    stages = _require(prof_obj, "stages", list, "profile.")
+    prof_obj = require(obj, "profile", dict, "")
+    stages = require(prof_obj, "stages", list, "profile.")
     prof = profile_mod.from_dict(
         {
             "schema_version": profile_mod.SCHEMA_VERSION,
-            "name": _require(prof_obj, "name", str, "profile."),
+            "name": require(prof_obj, "name", str, "profile."),
             "p2p_ms": prof_obj.get("p2p_ms", 0.0),
             "dispatch_ms": prof_obj.get("dispatch_ms", 0.0),
             "step_overhead_ms": prof_obj.get("step_overhead_ms", 0.0),
@@ -310,10 +284,10 @@ def from_dict(obj: Any) -> Plan:
     )
     dag = build(sched, prof)
 
-    caps = _require(obj, "max_freeze_ratio", list, "")
+    caps = require(obj, "max_freeze_ratio", list, "")
     if len(caps) != sched.num_stages or not all(isinstance(c, (int, float)) and 0 <= c <= 1 for c in caps):
         raise TfplanError(f"max_freeze_ratio: must list {sched.num_stages} caps in [0, 1]")
-    ratios = _ratios_v3(obj, dag) if version >= 3 else _ratios_v2(obj, dag)
+    ratios = ratios_v3(obj, dag) if version >= 3 else ratios_v2(obj, dag)
     predicted, none, planned = _predict(dag, ratios)
     target = obj.get("target_speedup")
     if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
@@ -335,54 +309,6 @@ def from_dict(obj: Any) -> Plan:
             raise TfplanError(f"mean_freeze_ratio: stage {s} freezes {mean:.6g} on average, above its cap {cap:g} "
                               f"(tolerance {CAP_TOL:g})")
     return plan
-
-
-def _ratios_v3(obj: dict[str, Any], dag: Dag) -> tuple[float, ...]:
-    """Per node, from a version-3 plan's stage x micro-batch table `freeze_ratio` (Note [compact plan])."""
-    table = _require(obj, "freeze_ratio", list, "")
-    sched = dag.schedule
-    if len(table) != sched.num_stages:
-        raise TfplanError(f"freeze_ratio: must have one row per stage ({sched.num_stages}), got {len(table)}")
-    for s, row in enumerate(table):
-        if not isinstance(row, list) or len(row) != sched.num_microbatches:
-            raise TfplanError(f"freeze_ratio[{s}]: must list one ratio per micro-batch ({sched.num_microbatches})")
-        for m, r in enumerate(row):
-            if isinstance(r, bool) or not isinstance(r, (int, float)):
-                raise TfplanError(f"freeze_ratio[{s}][{m}]: must be a number, got {json.dumps(r)}")
-            if not (math.isfinite(r) and 0.0 <= r <= 1.0):
-                raise TfplanError(f"freeze_ratio[{s}][{m}]: must be in [0, 1], got {r}")
-    ratios = [0.0] * dag.num_nodes
-    for v, (a, can_freeze, f) in enumerate(zip(dag.actions, dag.freeze_mask(), dag.freezable)):
-        if f:
-            r = float(table[a.stage][a.mb])
-            if r > 0 and not can_freeze:
-                raise TfplanError(f"freeze_ratio[{a.stage}][{a.mb}]: {a} has freeze_ratio {r:g}, but freezing "
-                                  "cannot shorten it")
-            ratios[v] = r
-    return tuple(ratios)
-
-
-def _ratios_v2(obj: dict[str, Any], dag: Dag) -> tuple[float, ...]:
-    """Per node, from a version-1 or -2 plan's list `actions` of {action, freeze_ratio, ...} objects."""
-    actions = _require(obj, "actions", list, "")
-    ratio_of: dict[str, float] = {}
-    for i, item in enumerate(actions):
-        name = _require(item, "action", str, f"actions[{i}].")
-        ratio = _require(item, "freeze_ratio", (int, float), f"actions[{i}].")
-        if not (math.isfinite(ratio) and 0.0 <= ratio <= 1.0):
-            raise TfplanError(f"actions[{i}].freeze_ratio: must be in [0, 1], got {ratio}")
-        if name in ratio_of:
-            raise TfplanError(f"actions[{i}].action: {name} listed twice")
-        ratio_of[name] = float(ratio)
-    names = [str(a) for a in dag.actions]
-    missing = [n for n in names if n not in ratio_of]
-    if missing or len(ratio_of) != len(names):
-        extra = sorted(set(ratio_of) - set(names))
-        raise TfplanError(f"actions: must list every scheduled action once (missing {missing[:3]}, extra {extra[:3]})")
-    for n, can_freeze in zip(names, dag.freeze_mask()):
-        if ratio_of[n] > 0 and not can_freeze:
-            raise TfplanError(f"actions: {n} has freeze_ratio {ratio_of[n]:g}, but freezing cannot shorten it")
-    return tuple(ratio_of[n] for n in names)
 
 
 def _profile_hash(prof_obj: dict[str, Any]) -> str:
