@@ -1,6 +1,11 @@
 """How fast the TimelyFreeze LP (METHOD.md section 4, three phases) is solved exactly at scale.
 
-Prints, measured in one run (1F1B, uniform profile F = 1, B = 2, frozen B = 1, cap 0.9):
+Prints, measured in one run (1F1B, uniform profile F = 1, B = 2, frozen B = 1, cap 0.9, unless said):
+  (issue 23) each figure next to its target: 32 x 512, fastlp.solve and the whole `tfplan solve` process
+      (medians of --repeats fresh processes); 64 x 8192, fastlp.solve and the same with --time-limit 60;
+      32 x 16384 (a million actions), the whole `tfplan solve -o plan.json` command with its peak RSS and plan
+      file size, on the uniform profile and on a random one (random_profile: per-stage costs as tests/
+      test_fastlp.py draws them, with rank tails and a dispatch cost, seed 0).
   (a) 1F1B 16 x 256 (8,192 actions): a straightforward GLOP model written here (pywraplp; one start
       variable per action, one row per DAG edge, the phases of Note [three-phase LP]), phase 1 only and
       all three phases; tfplan.solver.solve (GLOP, redundant rows dropped); tfplan.fastlp.solve (periodic
@@ -10,20 +15,26 @@ Prints, measured in one run (1F1B, uniform profile F = 1, B = 2, frozen B = 1, c
   (c) a ladder up to about a million actions, each in a fresh process with a 60 s budget for fastlp.solve
       (building the DAG is timed apart): the largest instance solved within it.
 Every fastlp plan is checked: caps kept and its re-simulated makespan equal to the phase-1 optimum.
-Times are medians of --repeats runs for the fast cases (the machine may be shared: see the load average).
+Times are medians of --repeats runs for the fast cases (the machine may be shared: see the load averages).
 
-    python benchmarks/solver_scale.py            # about 5 minutes on 2 cores (add --glop-32: +5 minutes)
-    python benchmarks/solver_scale.py --quick    # 8 x 128 and a short ladder, under a minute
+    python benchmarks/solver_scale.py                      # everything, about 15 minutes on 2 cores
+    python benchmarks/solver_scale.py --parts issue        # the issue's figures only, about 5 minutes
+    python benchmarks/solver_scale.py --parts issue --figures 32x512   # one figure (32x512, 64x8192, 1m)
+    python benchmarks/solver_scale.py --quick              # small sizes of every part, about a minute
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
+import random
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +47,8 @@ from ortools.linear_solver import pywraplp
 
 from tfplan import dag as dag_mod
 from tfplan import fastlp, lp, profile, schedules, solver
+from tfplan.fileio import write_json_atomic
+from tfplan.profile import Profile, StageCost
 from tfplan.simulate import simulate
 
 CAP = 0.9
@@ -131,21 +144,22 @@ def check_plan(dag: dag_mod.Dag, sol: lp.Solution) -> float:
 
 def rel_gap(sol: lp.Solution) -> float:
     """The largest certified gap of a fastlp solution, relative (Note [LP certificate])."""
-    return max(p.gap / max(1.0, abs(p.objective)) for p in sol.phases)
+    return max((p.gap or 0.0) / max(1.0, abs(p.objective)) for p in sol.phases)
 
 
-def _child(conn, p: int, m: int, with_glop: bool) -> None:
+def _child(conn, p: int, m: int, with_glop: bool, time_limit_s: float | None = None) -> None:
     """One instance in a fresh process: (build s, fastlp s, phases, sim excess, peak MiB[, glop s, phases])."""
     start = time.perf_counter()
     dag = build(p, m)
     build_s = time.perf_counter() - start
     start = time.perf_counter()
-    sol = fastlp.solve(dag, CAP)
+    sol = fastlp.solve(dag, CAP, time_limit_s=time_limit_s)
     wall = time.perf_counter() - start
-    excess = check_plan(dag, sol)
+    excess = check_plan(dag, sol) if sol.status == "OPTIMAL" else float("nan")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out = {"build_s": build_s, "fast_s": wall, "phases": [x.objective for x in sol.phases], "excess": excess,
-           "peak_mib": peak, "actions": dag.num_nodes, "gap": rel_gap(sol)}
+           "peak_mib": peak, "actions": dag.num_nodes, "gap": rel_gap(sol), "status": sol.status,
+           "phase_s": [x.wall_s for x in sol.phases]}
     if with_glop:
         start = time.perf_counter()
         ref = solver.solve(dag, CAP)
@@ -155,11 +169,12 @@ def _child(conn, p: int, m: int, with_glop: bool) -> None:
     conn.send(out)
 
 
-def fresh(p: int, m: int, with_glop: bool = False, timeout: float | None = None) -> dict | None:
+def fresh(p: int, m: int, with_glop: bool = False, timeout: float | None = None,
+          time_limit_s: float | None = None) -> dict | None:
     """Run _child in a new process; None if it did not finish within `timeout` seconds."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, p, m, with_glop))
+    proc = ctx.Process(target=_child, args=(child, p, m, with_glop, time_limit_s))
     proc.start()
     result = parent.recv() if parent.poll(timeout) else None
     if result is None:
@@ -227,18 +242,118 @@ def part_c(ladder: list[tuple[int, int]]) -> None:
         print(f"    largest within {BUDGET_S:.0f} s: 1F1B {p} x {m} ({r['actions']:,} actions) in {r['fast_s']:.1f} s")
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Issue 23's figures, each next to its target
+
+
+def random_profile(num_stages: int, seed: int = 0) -> Profile:
+    """Per-stage costs drawn as tests/test_fastlp.py's _random_profile draws them (B 1-4 ms, I 30-70% of B,
+    frozen B 30-90%, frozen W 0-30%, F 0.5-2 ms; 15% of stages cannot be frozen), with rank tails of 0 or up
+    to 8 ms and a dispatch cost of 0 or 0.05 ms from a second generator."""
+    rng = random.Random(seed)
+    stages = []
+    for _ in range(num_stages):  # the draws in the tests' order, so that a seed gives the tests' profile
+        b = rng.uniform(1.0, 4.0)
+        i = rng.uniform(0.3, 0.7) * b
+        stiff = rng.random() < 0.15
+        b_frozen = b if stiff else rng.uniform(0.3, 0.9) * b
+        w_frozen = b - i if stiff else rng.uniform(0.0, 0.3) * (b - i)
+        stages.append(StageCost(forward_ms=rng.uniform(0.5, 2.0), backward_ms=b, backward_frozen_ms=b_frozen,
+                                backward_input_ms=i, backward_weight_ms=b - i, backward_weight_frozen_ms=w_frozen))
+    extra = random.Random(seed + 1_000_003)
+    stages = [StageCost(**{**c.to_dict(), "tail_ms": extra.choice([0.0, extra.uniform(0.0, 8.0)])}) for c in stages]
+    return Profile(name=f"random-{seed}", p2p_ms=0.0, dispatch_ms=extra.choice([0.0, 0.05]), stages=tuple(stages))
+
+
+def whole_command(prof: Profile, p: int, m: int, folder: Path) -> dict:
+    """`tfplan solve -p PROFILE -s 1f1b -m M -c 0.9 -o plan.json` in a fresh process (its terminal view to
+    /dev/null): wall seconds, peak RSS (MiB, from wait4), the plan's size and the solver's record."""
+    path = folder / f"{prof.name}-{p}.json"
+    write_json_atomic(path, prof.to_dict())
+    plan = folder / f"plan-{p}-{m}.json"
+    cmd = [sys.executable, "-m", "tfplan", "solve", "-p", str(path), "-s", "1f1b", "-m", str(m), "-c", str(CAP),
+           "-o", str(plan)]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, COLUMNS="120"))
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    if status != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {err}")
+    solver_rec = json.loads(plan.read_text())["solver"]
+    return {"wall_s": wall, "peak_mib": usage.ru_maxrss / 1024, "plan_mb": plan.stat().st_size / 1e6,
+            "csv_mb": plan.with_suffix(".csv").stat().st_size / 1e6, "solver_s": solver_rec["wall_s"],
+            "status": solver_rec["status"], "warnings": err.strip()}
+
+
+def _verdict(value: float, target: float) -> str:
+    return f"target <= {target:g}: {'met' if value <= target else 'MISSED'}"
+
+
+def issue_figures(figures: set[str], repeats: int, quick: bool) -> None:
+    print("(issue 23) figures and targets (the targets are for a quiet machine; see the load averages)")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        if "32x512" in figures:
+            p, m = (16, 256) if quick else (32, 512)
+            solves, commands = [], []
+            for _ in range(repeats):  # alternating: the solver alone, then the whole command
+                solves.append(fresh(p, m))
+                commands.append(whole_command(profile.uniform(p), p, m, folder))
+            fast = statistics.median(r["fast_s"] for r in solves)
+            whole = statistics.median(r["wall_s"] for r in commands)
+            p3 = statistics.median(r["phase_s"][2] / r["phase_s"][1] for r in solves)
+            print(f"    1F1B {p} x {m} cap {CAP}: fastlp.solve {fast:.2f} s (runs "
+                  + ", ".join(f"{r['fast_s']:.2f}" for r in solves) + f"; {_verdict(fast, 2.5)}); phase 3 took "
+                  f"{p3:.2f}x phase 2's time")
+            print(f"    1F1B {p} x {m} cap {CAP}: whole tfplan solve process {whole:.2f} s (runs "
+                  + ", ".join(f"{r['wall_s']:.2f}" for r in commands) + f"; {_verdict(whole, 4.0)})")
+        if "64x8192" in figures:
+            p, m = (32, 2048) if quick else (64, 8192)
+            for limit in (None, 60.0):
+                r = fresh(p, m, timeout=600.0, time_limit_s=limit)
+                what = "fastlp.solve" if limit is None else f"fastlp.solve --time-limit {limit:g}"
+                if r is None:
+                    print(f"    1F1B {p} x {m}: {what} did not finish within 600 s")
+                    continue
+                phases = ", ".join(f"{x:.1f}" for x in r["phase_s"])
+                target = 60.0 if limit is None else limit * 1.05
+                print(f"    1F1B {p} x {m}: {what} {r['fast_s']:.1f} s ({r['status']}, phases {phases} s, peak "
+                      f"{r['peak_mib']:.0f} MiB; {_verdict(r['fast_s'], target)})")
+        if "1m" in figures:
+            p, m = (32, 2048) if quick else (32, 16384)
+            for prof in (profile.uniform(p), random_profile(p)):
+                r = whole_command(prof, p, m, folder)
+                print(f"    1F1B {p} x {m} ({prof.name} profile): whole tfplan solve -o plan.json {r['wall_s']:.1f} s "
+                      f"({_verdict(r['wall_s'], 20.0)}), peak RSS {r['peak_mib']:.0f} MiB "
+                      f"({_verdict(r['peak_mib'], 1536.0)}), solver {r['solver_s']:.1f} s {r['status']}, plan "
+                      f"{r['plan_mb']:.1f} MB + schedule CSV {r['csv_mb']:.1f} MB")
+                if r["warnings"]:
+                    print("      warnings: " + " ".join(r["warnings"].split()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="8 x 128, 16 x 256, a short ladder (under a minute)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of the fast solvers (median reported)")
     parser.add_argument("--glop-32", action="store_true", help="also run tfplan.solver.solve on 32 x 512 (minutes)")
+    parser.add_argument("--parts", default="issue,a,b,c", help="comma-separated parts to run: issue, a, b, c")
+    parser.add_argument("--figures", default="32x512,64x8192,1m",
+                        help="the issue's figures to measure: 32x512, 64x8192, 1m (comma-separated)")
     args = parser.parse_args()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"TimelyFreeze LP at scale ({'quick' if args.quick else 'full'}; {os.cpu_count()} CPUs, "
-          f"load average {load:.2f} at start)")
-    part_a(*((8, 128) if args.quick else (16, 256)), args.repeats)
-    part_b(*((16, 256) if args.quick else (32, 512)), args.repeats, args.glop_32)
-    part_c(QUICK_LADDER if args.quick else LADDER)
+    parts, figures = set(args.parts.split(",")), set(args.figures.split(","))
+    print(f"TimelyFreeze LP at scale ({'quick' if args.quick else 'full'}; {os.cpu_count()} CPUs, load averages "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at start)")
+    if "issue" in parts:
+        issue_figures(figures, args.repeats, args.quick)
+    if "a" in parts:
+        part_a(*((8, 128) if args.quick else (16, 256)), args.repeats)
+    if "b" in parts:
+        part_b(*((16, 256) if args.quick else (32, 512)), args.repeats, args.glop_32)
+    if "c" in parts:
+        part_c(QUICK_LADDER if args.quick else LADDER)
+    print(f"load averages at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -84,3 +87,27 @@ def test_anchored_plans_on_every_schedule(name: str, ranks: int, rounds: int, ca
         assert _makespan(dag, anchored) == pytest.approx(_makespan(dag, free), rel=1e-8)  # differently per call)
         if backend == "glop":
             assert anchored.ratios == free.ratios
+
+
+def test_the_time_limit_covers_the_anchored_solve(monkeypatch, caplog) -> None:
+    # --time-limit holds for the whole solve: the anchored solve gets what the first one left, and when that
+    # is (almost) nothing the unanchored plan is kept with a warning.
+    dag = dag_mod.build(schedules.generate("gpipe", 2, 4), profile.uniform(2))
+    limits = []
+    real = job._solve_backend
+
+    def recording(d, caps, target, backend, time_limit_s):
+        limits.append(time_limit_s)
+        return real(d, caps, target, backend, time_limit_s)
+
+    monkeypatch.setattr(job, "_solve_backend", recording)
+    anchored = job.solve_dag(dag, 0.9, time_limit_s=50.0)
+    assert len(limits) == 2 and limits[0] == 50.0 and 45.0 < limits[1] < 50.0
+    assert min(anchored.ratios[v] for v in dag.freeze_groups()[0]) == 0.0
+    clock = iter([0.0, 49.0])  # the first solve took 49 of the 50 seconds
+    monkeypatch.setattr(job, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    limits.clear()
+    with caplog.at_level(logging.WARNING, logger="tfplan.job"):
+        free = job.solve_dag(dag, 0.9, time_limit_s=50.0)
+    assert limits == [50.0] and "no time left to keep a stage-0 backward unfrozen" in caplog.text
+    assert min(free.ratios[v] for v in dag.freeze_groups()[0]) > 0.0

@@ -5,6 +5,8 @@ Shared by every planning command (simulate, solve, whatif) so they accept the sa
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -12,7 +14,9 @@ from tfplan import dag as dag_mod
 from tfplan import profile as profile_mod
 from tfplan import schedules
 from tfplan.errors import TfplanError
-from tfplan.lp import DEFAULT_TIME_LIMIT_S, UnreachableTarget, check_caps, check_time_limit
+from tfplan.lp import DEFAULT_TIME_LIMIT_S, TimeLimitReached, UnreachableTarget, check_caps, check_time_limit
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,17 +135,25 @@ def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_m
               backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True):
     """The three-phase LP by the chosen backend: "glop" (tfplan.solver, the full LP), "fastlp" (tfplan.fastlp,
     periodic compression, same optima) or "auto" (by size, AUTO_FASTLP_ACTIONS); time_limit_s: seconds for
-    each solve (None: none); anchor: keep one stage-0 backward unfrozen (Note [stage-0 anchor]). Returns an
-    lp.Solution (status FEASIBLE when fastlp ran out of time)."""
+    the whole solve, the anchored one included (None: none); anchor: keep one stage-0 backward unfrozen (Note
+    [stage-0 anchor]). Returns an lp.Solution (status FEASIBLE when fastlp ran out of time)."""
     caps = check_caps(caps, dag.schedule.num_stages)
+    start = time.perf_counter()
     solution = _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s)
     pin = anchor_node(dag, solution.ratios) if anchor else None
     if pin is None:
         return solution
     pinned_dag, pinned_caps = pin_unfrozen(dag, caps, pin)
+    left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - start)
+    if left is not None and left < 0.1 * time_limit_s:
+        log.warning("--time-limit: no time left to keep a stage-0 backward unfrozen; the plan freezes all of them")
+        return solution
     try:
-        pinned = _solve_backend(pinned_dag, pinned_caps, target_makespan_ms, backend, time_limit_s)
+        pinned = _solve_backend(pinned_dag, pinned_caps, target_makespan_ms, backend, left)
     except UnreachableTarget:  # the target needs every stage-0 backward frozen: keep the unanchored plan
+        return solution
+    except TimeLimitReached:
+        log.warning("--time-limit: no time left to keep a stage-0 backward unfrozen; the plan freezes all of them")
         return solution
     assert pinned.ratios[pin] == 0.0  # its durations are the original DAG's too (fixed nodes keep d_max)
     return pinned

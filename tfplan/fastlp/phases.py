@@ -142,7 +142,13 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
     num_stages = dag.schedule.num_stages
     cap_arr = np.asarray(check_caps(caps, num_stages), dtype=np.float64)
     g = GraphArrays.from_dag(dag)
+    sim_start = time.perf_counter()
     unfrozen = simulate(dag)
+    if time_limit_s is not None:
+        # Keep back what turning the last point into a plan costs (expanding it, one simulation, the caps:
+        # about two simulations' time), so that the solve as a whole keeps its limit.
+        reserve = min(0.5 * time_limit_s, 2.0 * (time.perf_counter() - sim_start))
+        deadline = Deadline(limit_s=time_limit_s - reserve, start=start)
     margins = Margins(dag, g, Runs.detect(g), first_margin, margin, unfrozen.start_ms)
     build_s = time.perf_counter() - start
     # Note [three-phase LP] (tfplan.lp): each phase bounds the next by the certified optimum.
