@@ -21,8 +21,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import networkx as nx
-
 from tfplan.actions import FREEZABLE, Action
 from tfplan.errors import TfplanError
 from tfplan.profile import Profile, StageCost
@@ -250,6 +248,8 @@ def _topological_order(dag: Dag) -> list[int]:
 
 
 def _report_cycle(dag: Dag, stuck: list[int]) -> None:
+    import networkx as nx  # here and in to_networkx only: importing it costs a third of a second per command
+
     graph = nx.DiGraph()
     stuck_set = set(stuck)
     for u, v, _, kind in dag.edges():
@@ -263,12 +263,14 @@ def _report_cycle(dag: Dag, stuck: list[int]) -> None:
     )
 
 
-def to_networkx(dag: Dag) -> nx.DiGraph:
+def to_networkx(dag: Dag):
     """The DAG as networkx.DiGraph with START and FINISH.
 
     Node attributes: action (str), rank, stage, kind, mb, d_min_ms, d_max_ms, freezable.
     Edge attributes: lag_ms, kinds (tuple of EDGE_KINDS; one pair can be linked by two kinds).
     """
+    import networkx as nx
+
     graph = nx.DiGraph()
     graph.add_node("START", d_min_ms=0.0, d_max_ms=0.0, freezable=False)
     graph.add_node("FINISH", d_min_ms=0.0, d_max_ms=0.0, freezable=False)
