@@ -339,7 +339,8 @@ def _check_keys(obj: Any, path: str, required: set[str], allowed: set[str]) -> N
     if not isinstance(obj, dict):
         raise TfplanError(f"{path}: must be an object, got {json.dumps(obj)[:40]}")
     for key in sorted(set(obj) - required - allowed):
-        raise TfplanError(f"{path}.{key}: unknown field (known: {', '.join(sorted(required | allowed))})")
+        name = key if isinstance(key, str) and key.isidentifier() else json.dumps(key)  # one line, whatever the key
+        raise TfplanError(f"{path}.{name}: unknown field (known: {', '.join(sorted(required | allowed))})")
     for key in sorted(required - set(obj)):
         raise TfplanError(f"{path}.{key}: missing required field")
 

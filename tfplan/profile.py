@@ -250,7 +250,8 @@ def _check_keys(obj: Any, path: str, required: set[str], optional: set[str]) -> 
         raise TfplanError(f"{path or 'profile'}: must be an object, got {type(obj).__name__}")
     prefix = f"{path}." if path else ""
     for key in sorted(set(obj) - required - optional):
-        raise TfplanError(f"{prefix}{key}: unknown field (known: {', '.join(sorted(required | optional))})")
+        name = key if isinstance(key, str) and key.isidentifier() else json.dumps(key)  # one line, whatever the key
+        raise TfplanError(f"{prefix}{name}: unknown field (known: {', '.join(sorted(required | optional))})")
     for key in sorted(required - set(obj)):
         raise TfplanError(f"{prefix}{key}: missing required field")
     return obj
