@@ -400,3 +400,25 @@ def test_a_target_just_below_the_optimum_needs_no_full_lp(monkeypatch) -> None:
     got = fastlp.solve(dag, 0.9, target_makespan_ms=best.makespan_ms * (1 - 0.5e-9))
     assert got.status == "OPTIMAL"
     assert [p.objective for p in got.phases] == pytest.approx([p.objective for p in best.phases], rel=1e-12)
+
+
+def test_phase_3_from_phase_2s_basis_finds_the_same_optimum(monkeypatch) -> None:
+    # Note [warm phase 3]: phase 3's tied primal starts from phase 2's basis (one new basic variable per new
+    # row); where GLOP fails from it, the race of both simplexes runs as before. Same certified optimum.
+    dag = dag_mod.build(schedules.generate("1f1b", 6, 240), _random_profile(6, seed=21, p2p_ms=0.05))
+    used = []
+    real = phases.solve_warm
+
+    def spy(primal, basis, params, limit=None):
+        cols, rows = basis
+        assert np.count_nonzero(cols == 5) + np.count_nonzero(rows == 5) == len(primal.row_lo)  # a square basis
+        used.append(1)
+        return real(primal, basis, params, limit)
+
+    monkeypatch.setattr(phases, "solve_warm", spy)
+    warm = _assert_agrees(dag, 0.9)
+    assert used == [1]
+    monkeypatch.setattr(phases, "solve_warm", lambda *args: None)  # as if GLOP could not start from it
+    cold = fastlp.solve(dag, 0.9)
+    assert cold.status == "OPTIMAL"
+    assert warm.phases[2].objective == pytest.approx(cold.phases[2].objective, rel=PHASE3_REL, abs=1e-7)

@@ -278,9 +278,10 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
             c = margins.compressed(margin)
             exact = c.ties.num_tied == 0  # the tied primal is then the full LP
             primal = tied_primal(c, phase)
-            warm = None
-            if phase.number == 3 and before is not None and before.c is c and before.upper.basis is not None:
-                warm = phase3_basis(c, before.primal, primal, before.upper.x, before.upper.basis)
+            warm = None  # Note [warm phase 3]; untied, the primal certifies itself with row duals, which it lacks
+            if phase.number == 3 and not exact and before is not None and before.c is c:
+                if before.upper.basis is not None:
+                    warm = phase3_basis(c, before.primal, primal, before.upper.x, before.upper.basis)
             upper_jobs = _submit_upper(pool, primal, exact, phase.number, deadline, warm)
             lower = None if exact else solve_lp(tied_dual(c, phase), True, deadline, phase.number == 3)
             upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
