@@ -422,3 +422,28 @@ def test_phase_3_from_phase_2s_basis_finds_the_same_optimum(monkeypatch) -> None
     cold = fastlp.solve(dag, 0.9)
     assert cold.status == "OPTIMAL"
     assert warm.phases[2].objective == pytest.approx(cold.phases[2].objective, rel=PHASE3_REL, abs=1e-7)
+
+
+def test_the_time_limit_keeps_back_the_time_to_make_the_plan(monkeypatch) -> None:
+    # The phases stop early enough for the last point's expansion and simulation to end within the limit:
+    # their deadline is the limit less two simulations' time (measured on the unfrozen one, here 0.3 s).
+    import time as time_mod
+
+    real, deadlines = phases.simulate, []
+
+    def slow(d, durations=None):
+        time_mod.sleep(0.3)
+        return real(d, durations)
+
+    solve_lp = phases.solve_lp
+
+    def spy(lp_, tied, deadline, *args, **kwargs):
+        deadlines.append(deadline.limit_s)
+        return solve_lp(lp_, tied, deadline, *args, **kwargs)
+
+    monkeypatch.setattr(phases, "simulate", slow)
+    monkeypatch.setattr(phases, "solve_lp", spy)
+    dag = dag_mod.build(schedules.generate("1f1b", 3, 30), _random_profile(3, seed=4))
+    sol = fastlp.solve(dag, 0.9, time_limit_s=100.0)
+    assert sol.status == "OPTIMAL" and sol.time_limit_s == 100.0
+    assert deadlines and all(99.0 < limit <= 99.4 for limit in deadlines), deadlines
