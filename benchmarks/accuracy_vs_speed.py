@@ -37,6 +37,9 @@ METHODS = {  # name -> (freeze mode, cap, extra options)
     "plan-0.3": ("plan", 0.3, []),
     "uniform-0.9": ("uniform", 0.9, []),
     "apf": ("apf", 0.9, []),
+    # APF's per-scalar statistic observed without acting on it (a tensor freezes only when every scalar is
+    # stable): its trajectory under unfrozen training, from which apf_report reads when each share would freeze
+    "apf-observe": ("apf", 0.9, ["--apf-stable-share", "1.0"]),
     "autofreeze": ("autofreeze", 0.9, []),
     "timely+apf-0.9": ("timely+apf", 0.9, []),
     "timely+autofreeze-0.9": ("timely+autofreeze", 0.9, []),
@@ -60,6 +63,28 @@ def train(out: Path, plan: Path, freeze: str, steps: int, seed: int, extra: list
 def evals(folder: Path) -> list[tuple[int, float]]:
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r and "event" not in r]
+
+
+def apf_report(folder: Path, shares=(0.1, 0.2, 0.3, 0.5, 0.7, 0.9)) -> str:
+    """APF's per-scalar statistic over a run (freeze_stats.json): per check, the smallest, median and largest
+    share of stable scalars over the tensors, and for each tensor-level share the first check at which some
+    tensor reached it (what --apf-stable-share at that value would have frozen first)."""
+    tensors = json.loads((folder / "freeze_stats.json").read_text())["tensors"]
+    by_step: dict[int, list[float]] = {}
+    for t in tensors:
+        for step, share in t.get("apf_stable_share_history", []):
+            by_step.setdefault(int(step), []).append(share)
+    lines = ["APF per-scalar statistic (share of a tensor's scalars below the threshold), over the tensors:"]
+    for step in sorted(by_step)[:: max(1, len(by_step) // 10)] + sorted(by_step)[-1:]:
+        v = sorted(by_step[step])
+        lines.append(f"  check after step {step + 1:4d}: min {v[0]:.3f}  median {statistics.median(v):.3f}  "
+                     f"max {v[-1]:.3f}  ({len(v)} tensors)")
+    for share in shares:
+        first = next((step for step in sorted(by_step) if max(by_step[step]) >= share), None)
+        reached = sum(1 for t in tensors if any(x >= share for _, x in t.get("apf_stable_share_history", [])))
+        lines.append(f"  a tensor-level share of {share:.1f}: first reached after step "
+                     f"{first + 1 if first is not None else '-'}, by {reached} of {len(tensors)} tensors in the run")
+    return "\n".join(lines)
 
 
 def pretrain(out: Path, plan: Path, flat: float, max_steps: int, chunk: int = 200) -> Path:
@@ -119,6 +144,10 @@ def main() -> None:
                   ["--data", "stdlib", "--init-from", str(base), "--eval-every", "25", *extra])
             folders.append(str(folder))
             print(f"seed {seed} {name} done", flush=True)
+            if freeze == "apf":
+                report = apf_report(folder)
+                (out / f"seed{seed}-{name}-apf.txt").write_text(report + "\n")
+                print(report, flush=True)
         table = run(["tfrun", "compare", *folders, "--plot", str(out / f"seed{seed}.png")])
         (out / f"seed{seed}.txt").write_text(table)
         (out / f"seed{seed}.json").write_text(run(["tfrun", "compare", *folders, "--json"]))

@@ -203,11 +203,26 @@ def pin_unfrozen(dag: dag_mod.Dag, caps: Sequence[float], node: int) -> tuple[da
 def solve_job(spec: JobSpec, caps: Sequence[float] | float, target_speedup: float | None = None,
               backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True):
     """Profile + schedule -> solved Plan (the library call behind `tfplan solve`)."""
-    from tfplan import plan as plan_mod
-
     check_time_limit(time_limit_s)
     profile, schedule, dag = build(spec)
-    caps = check_caps(caps, schedule.num_stages)
+    return solve_plan(dag, profile, caps, target_speedup, backend, time_limit_s, anchor)
+
+
+def solve_schedule(schedule: schedules.Schedule, profile: profile_mod.Profile, caps: Sequence[float] | float,
+                   backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True):
+    """A schedule already resolved (tfrun's online mode: the run's own order) + profile -> solved Plan."""
+    check_time_limit(time_limit_s)
+    return solve_plan(dag_mod.build(schedule, profile), profile, caps, None, backend, time_limit_s, anchor)
+
+
+def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[float] | float,
+               target_speedup: float | None = None, backend: str = "auto",
+               time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True):
+    """The DAG's plan: caps checked and expanded to one per stage, the target turned into a makespan, the LP
+    solved (solve_dag) and the plan made."""
+    from tfplan import plan as plan_mod
+
+    caps = check_caps(caps, dag.schedule.num_stages)
     target = None if target_speedup is None else target_makespan(dag, target_speedup)
     try:
         solution = solve_dag(dag, caps, target, backend, time_limit_s, anchor)

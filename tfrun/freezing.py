@@ -216,10 +216,12 @@ class Freezer:
                 sel = self._selection(stage, {self._index(stage, n) for n in sel.names - forced})
         return sel
 
-    def before_optimizer(self, step: int, modules: dict) -> None:
-        """The step's gradients are complete (a baseline reads them, or snapshots the parameters)."""
+    def before_optimizer(self, step: int, modules: dict, frozen_counts: Mapping[tuple[int, str], int] | None = None,
+                         rescaled: bool = False) -> None:
+        """The step's gradients are complete (a baseline reads them: `frozen_counts` says how many micro-batches
+        each tensor was frozen in, `rescaled` whether --grad-rescale already scaled them to the full step)."""
         if self.signal is not None:
-            self.signal.before_optimizer(step, modules)
+            self.signal.before_optimizer(step, modules, frozen_counts, rescaled)
 
     def after_optimizer(self, step: int, modules: dict) -> None:
         """The parameters are updated (a baseline reads the update and may change its frozen set)."""
