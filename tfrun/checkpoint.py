@@ -210,7 +210,9 @@ def index_from_dict(obj: Any) -> dict[str, Any]:
         if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "step" else 1):
             raise TfrunError(f"index.{key}: must be an integer >= {0 if key == 'step' else 1}")
     files = obj.get("files")
-    if not isinstance(files, dict) or set(files) != {f"rank{r}.pt" for r in range(obj["world_size"])}:
+    # the length first: a damaged world_size of 10**12 must not build a set of that many names
+    if not isinstance(files, dict) or len(files) != obj["world_size"] or set(files) != {
+            f"rank{r}.pt" for r in range(obj["world_size"])}:
         raise TfrunError(f"index.files: must name rank0.pt .. rank{obj['world_size'] - 1}.pt")
     for name, entry in files.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or isinstance(
