@@ -301,17 +301,25 @@ def profile_cmd(
     work_dir: Annotated[
         str | None, typer.Option("--work-dir", help="Keep the measuring runs here (default: a temp folder).")
     ] = None,
+    init_from: Annotated[
+        str | None, typer.Option("--init-from", help="Measure from this run's latest weights (the noise scale "
+                                                     "depends on them: a fine-tuning job's checkpoint).")
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option("--data", help="Training text file, or 'stdlib' (as tfrun train).")
+    ] = None,
 ) -> None:
     """Measure a profile inside the pipeline: nothing frozen, then everything frozen, with the schedule itself
     and its counterpart of the other backward style (tfrun.profiling); writes tfplan's format and warns when
-    a measurement is unstable."""
+    a measurement is unstable. The unfrozen run also measures each stage's gradient noise scale (the profile's
+    noise section, for `tfplan solve --objective goodput`), at --init-from's weights if given."""
     from tfrun import profiling
 
     with user_errors(TfrunError):
         prof = profiling.measure(
             model=model, num_ranks=stages, num_microbatches=microbatches, schedule=schedule,
             stages_per_rank=stages_per_rank, steps=steps, microbatch_size=microbatch_size, seq_len=seq_len,
-            threads=threads, seed=seed, work_dir=work_dir, repeat=repeat, dp=dp,
+            threads=threads, seed=seed, work_dir=work_dir, repeat=repeat, dp=dp, init_from=init_from, data_path=data,
         )
         from tfplan.fileio import write_json_atomic
 
