@@ -56,9 +56,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     out = Path(config.out_dir)
     has_first, has_last = 0 in local, config.num_stages - 1 in local
     online = OnlinePlanner(config, freezer, timer, out, _stage_numel(config)) if config.freeze == "timely" else None
-    noise = NoiseMeter(modules, freezer.stage_candidates, num_microbatches=m,
-                       microbatch_tokens=config.microbatch_size * config.seq_len, every=config.noise_every, dp=r.dp,
-                       dp_group=r.dp_group)
+    noise = r.noise
     metrics: list[dict] = []
     start = 0
     if config.resume:
