@@ -174,3 +174,17 @@ def test_resumed_in_the_probe_and_in_the_ramp_the_run_keeps_its_measurements_and
         ("phase", "warmup", 0), ("phase", "monitor", 2), ("phase", "probe", 6), ("probe", None, 7),
         ("plan", None, 8), ("phase", "ramp", 8), ("phase", "stable", 11)]
     assert (out / "plan.json").read_text() == first_plan  # the same plan after the second resume
+
+
+def test_noise_drift_is_a_reason_to_replan_beyond_its_threshold():
+    pytest.importorskip("torch")
+    from tfplan.goodput import NoiseModel
+    from tfrun.online import NOISE_REPLAN, _noise_moved
+
+    def model(scales):
+        return NoiseModel(noise_scale_tokens=scales, grad_sq_share=(0.5, 0.5), microbatch_tokens=64, source="measured")
+
+    planned = model((1000.0, 2000.0))
+    assert _noise_moved(planned, model((1000.0 * (1 + NOISE_REPLAN) * 0.99, 2000.0))) is None
+    assert _noise_moved(planned, model((1000.0, 2000.0 * 1.5))) == "noise: stage 1 x1.50"
+    assert _noise_moved(None, planned) is None and _noise_moved(planned, None) is None

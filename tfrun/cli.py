@@ -50,7 +50,7 @@ def train_cmd(
         str, typer.Option("--freeze-method", help="detach (forward with frozen weights detached) or grad.")
     ] = "detach",
     freeze_policy: Annotated[
-        str, typer.Option("--freeze-policy", help=(
+        str | None, typer.Option("--freeze-policy", help=(
             "Which tensors an action freezes. auto (default): stage 0 freezes its front layers (a prefix, "
             "linear in time as planned) whenever the plan leaves one of its micro-batches unfrozen, rotating "
             "random subsets otherwise; other stages freeze rotating random subsets; every tensor keeps "
@@ -58,8 +58,10 @@ def train_cmd(
             "prefix: stage 0 always freezes its front layers: planned speed, but the front stops learning "
             "while the ratios stay high (costs eval loss: docs/benchmarks.md). skip: whole backwards skipped "
             "in a share r of steps (steps vary: slower than planned, trains worst). weighted: stage 0 draws "
-            "front-weighted random subsets (the paper's code)."))
-    ] = "auto",
+            "front-weighted random subsets (the paper's code). goodput: as auto on stage 0; elsewhere one "
+            "rotating turn per window, then the tensors with the least learning per ms frozen first (from the "
+            "measured noise scale); the default under --objective goodput."))
+    ] = None,
     ramp_steps: Annotated[
         int | None, typer.Option("--ramp-steps", help="Ramp ratios from 0 over K steps (default 0; timely 15).")
     ] = None,
@@ -143,6 +145,11 @@ def train_cmd(
     replan_window: Annotated[
         int, typer.Option("--replan-window", help="timely: steps per drift check.")
     ] = 20,
+    objective: Annotated[
+        str, typer.Option("--objective", help="timely: makespan (the fastest plan within the caps) or goodput (the "
+                                              "most predicted learning per second, from the noise scale measured "
+                                              "in the monitor phase; freezing nothing when it does not pay).")
+    ] = "makespan",
     apf_threshold: Annotated[float, typer.Option("--apf-threshold", help="apf: stability threshold.")] = 0.05,
     apf_ema: Annotated[float, typer.Option("--apf-ema", help="apf: moving-average factor.")] = 0.99,
     apf_check_every: Annotated[int, typer.Option("--apf-check-every", help="apf: steps between checks.")] = 10,
@@ -174,7 +181,8 @@ def train_cmd(
     with user_errors(TfrunError):
         config = setup.train_config(
             plan_path=plan, model=model, steps=steps, seed=seed, out_dir=setup.out_dir(out, resume), freeze=freeze,
-            freeze_method=freeze_method, freeze_policy=freeze_policy, redraw_every=redraw_every,
+            freeze_method=freeze_method, redraw_every=redraw_every,
+            freeze_policy=freeze_policy or ("goodput" if objective == "goodput" else "auto"), objective=objective,
             ramp_steps=ramp_steps if ramp_steps is not None else (15 if freeze == "timely" else 0),
             max_stale_steps=max_stale_steps, schedule=schedule, ranks=ranks, microbatches=microbatches,
             stages_per_rank=stages_per_rank, max_freeze_ratio=_caps(max_freeze_ratio), warmup_steps=warmup_steps,

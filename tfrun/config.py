@@ -122,6 +122,9 @@ class TrainConfig:
     """timely: re-plan when a (stage, kind)'s median measured / planned time is off by more (Note [drift])."""
     replan_window: int = 20
     """timely: steps per drift check in the stable phase."""
+    objective: str = "makespan"
+    """timely: what the in-run solve optimises: makespan (the fastest plan within the caps) or goodput (the
+    most predicted learning per second, from the noise scale measured in the monitor phase)."""
     apf_threshold: float = 0.05
     """apf: effective perturbation below which a tensor is stable (tfrun.baselines)."""
     apf_ema: float = 0.99

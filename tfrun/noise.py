@@ -57,14 +57,15 @@ class NoiseMeter:
         self.measured_this_step = False
         """Whether the step in progress (or just ended) was measured."""
         self._handles = []
-        if every > 0:
-            for s, module in modules.items():
-                params = dict(module.named_parameters())
-                device = next(iter(params.values())).device if params else torch.device("cpu")
-                self._sq[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
-                self._n[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
-                for i, name in enumerate(self.names[s]):
-                    self._handles.append(params[name].register_hook(self._hook(s, i)))
+        # Hooks on every tensor even with every = 0 (a forced measurement needs them); an inactive one is a
+        # Python call that returns at once (about a microsecond a tensor per micro-batch).
+        for s, module in modules.items():
+            params = dict(module.named_parameters())
+            device = next(iter(params.values())).device if params else torch.device("cpu")
+            self._sq[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
+            self._n[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
+            for i, name in enumerate(self.names[s]):
+                self._handles.append(params[name].register_hook(self._hook(s, i)))
 
     def _hook(self, stage: int, i: int):
         def hook(grad: torch.Tensor) -> None:
@@ -74,9 +75,10 @@ class NoiseMeter:
 
         return hook
 
-    def begin_step(self, step: int) -> None:
-        """Measure this step or not (every `every` steps)."""
-        self.active = self.measured_this_step = self.every > 0 and step % self.every == 0
+    def begin_step(self, step: int, force: bool = False) -> None:
+        """Measure this step or not: every `every` steps, or when `force`d (the online mode's monitor phase under
+        --objective goodput, which plans from the estimates)."""
+        self.active = self.measured_this_step = force or (self.every > 0 and step % self.every == 0)
         if self.active:
             for s in self._sq:
                 self._sq[s].zero_()
@@ -141,6 +143,14 @@ class NoiseMeter:
     def load_state_dict(self, state: dict) -> None:
         self.gsq, self.trace, self.counts = dict(state["gsq"]), dict(state["trace"]), dict(state["counts"])
         self.measured = int(state["measured"])
+
+    def gathered(self) -> dict[int, tuple[float, float]]:
+        """stage_estimates of every stage, on every rank. Collective over the default group."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return self.stage_estimates()
+        parts: list = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, self.stage_estimates())
+        return {s: v for part in parts for s, v in part.items()}
 
     def close(self) -> None:
         for handle in self._handles:

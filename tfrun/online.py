@@ -13,6 +13,12 @@ and probe):
   ramp     ratios rise linearly to the plan;
   stable   the plan in force; drift checks (tfrun.drift Note [drift]).
 
+Note [online goodput]: under `--objective goodput` every monitor step also measures each stage's gradient
+noise scale (tfrun.noise), the first plan maximises predicted goodput (tfplan.goodput_lp) on the profile of
+the monitor and probe steps with that noise section, and each drift check also compares the stages' noise
+scales with the plan's: one off by more than NOISE_REPLAN (relative; the noise scale grows as the loss falls)
+is a reason to solve again with the current estimates, like a drifted action time.
+
 Note [probe]: the reference freezes everything for about 110 steps to measure the lower bound, while little
 is learned. We freeze a block of max(1, M / 4) whole micro-batches per probe step, moving each step, so a few
 steps give every stage's frozen time several samples while three quarters of each step still trains.
@@ -27,23 +33,28 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch.distributed as dist
 
-from tfplan import job
+from tfplan import goodput, job
 from tfplan import plan as plan_mod
 from tfplan.actions import FREEZABLE, parse_action
 from tfplan.fileio import write_json_atomic
+from tfplan.goodput import NoiseModel
 from tfplan.lp import DEFAULT_TIME_LIMIT_S
 from tfrun import drift, measure
 from tfrun.config import TrainConfig
+from tfrun.errors import TfrunError
 from tfrun.freezing import Freezer
+from tfrun.noise import NoiseMeter, noise_scale
 from tfrun.timing import ActionTime, ActionTimer, gather_records
 
 SOLVE_LIMIT_S = DEFAULT_TIME_LIMIT_S
 """The in-run solve's time limit (tfplan solve's default); Note [solve timeout]."""
+NOISE_REPLAN = 0.25
+"""Note [online goodput]: re-plan when a stage's noise scale moved by more than this share since the plan."""
 
 
 def phase_bounds(config: TrainConfig) -> list[tuple[str, int, int | None]]:
@@ -79,7 +90,7 @@ class OnlinePlanner:
     """The online mode's state on one rank; decisions are made on rank 0 and broadcast."""
 
     def __init__(self, config: TrainConfig, freezer: Freezer, timer: ActionTimer, out: Path,
-                 stage_numel: dict[int, int]) -> None:
+                 stage_numel: dict[int, int], noise: NoiseMeter | None = None) -> None:
         self.config, self.freezer, self.timer, self.out = config, freezer, timer, out
         self.bounds = phase_bounds(config)
         self.stage_numel = stage_numel
@@ -90,6 +101,10 @@ class OnlinePlanner:
         self.plans: list[PlanInForce] = []
         self.solve_s: list[float] = []
         self.drift = drift.DriftMonitor(config.replan_window, config.replan_threshold)
+        self.noise = noise
+        """The rank's noise meter (tfrun.noise), read under --objective goodput (Note [online goodput])."""
+        self.noise_model: NoiseModel | None = None
+        """The noise section the plan in force was solved with (goodput), else None."""
         # Note [solve timeout]: rank 0 solves while the others wait in a broadcast. The default group's
         # collective timeout is short (a dead rank must be noticed quickly), so the plan travels in a group of
         # its own whose timeout outlasts the solve's time limit.
@@ -103,6 +118,10 @@ class OnlinePlanner:
 
     def start(self, name: str) -> int:
         return next(lo for n, lo, _ in self.bounds if n == name)
+
+    def measures_noise(self, step: int) -> bool:
+        """Whether `step` must measure the noise scale whatever --noise-every says (Note [online goodput])."""
+        return self.config.objective == "goodput" and self.phase(step) == "monitor"
 
     def before_step(self, step: int) -> list[dict]:
         """Set the freezer for `step`; returns the event records of phases starting at `step`."""
@@ -134,6 +153,7 @@ class OnlinePlanner:
         records, spans = self.timer.window(monitor[0], probe[1])
         all_records = gather_records(records)
         all_spans = gather_records([s for s in spans if s.step < monitor[1]])
+        noise = self._noise_model()
         plan = solve_s = None
         if dist.get_rank() == 0:
             in_probe = {(s, m) for s in range(*probe) for m in self.freezer.probe_microbatches(s)}
@@ -146,8 +166,9 @@ class OnlinePlanner:
             prof = measure.measured_profile(
                 self.config, all_records, all_spans, step_ms, f"online-{self.config.model}", self.stage_numel,
                 share_of=share_of, replay_records=[r for r in all_records if r.step < monitor[1]])
-            plan, solve_s = self._solve(prof)
+            plan, solve_s = self._solve(replace(prof, noise=noise))
         plan, solve_s = _broadcast((plan, solve_s), self.group)
+        self.noise_model = noise
         events = [{"event": "probe", "step": step, "probe_steps": probe[1] - probe[0], "time": time.time(),
                    "microbatches_per_step": self.freezer.probe[1]}]
         self._apply(plan, step + 1, self.config.ramp_steps, "first plan", events, solve_s)
@@ -157,8 +178,24 @@ class OnlinePlanner:
         """Rank 0: the LP for this run's schedule on `prof` (tfplan's job path); the plan JSON, solve seconds."""
         start = time.perf_counter()
         plan = job.solve_schedule(self.config.schedule(), prof, self.config.max_freeze_ratio,
-                                  time_limit_s=SOLVE_LIMIT_S)
+                                  time_limit_s=SOLVE_LIMIT_S, objective=self.config.objective)
         return plan_mod.to_dict(plan), time.perf_counter() - start
+
+    def _noise_model(self) -> NoiseModel | None:
+        """Under --objective goodput, the stages' current noise estimates as a profile's noise section (every
+        rank takes part: a gather), else None."""
+        if self.config.objective != "goodput" or self.noise is None:
+            return None
+        both = self.noise.gathered()
+        scales = [noise_scale(*both[s]) if s in both else None for s in range(self.config.num_stages)]
+        if any(x is None for x in scales):
+            raise TfrunError(f"--objective goodput: the monitor phase measured no positive |G|^2 on some stage "
+                             f"(noise scales {scales}): lengthen --monitor-steps")
+        total = sum(both[s][0] for s in range(self.config.num_stages))
+        return NoiseModel(noise_scale_tokens=tuple(scales),
+                          grad_sq_share=tuple(both[s][0] / total for s in range(self.config.num_stages)),
+                          microbatch_tokens=self.config.microbatch_size * self.config.seq_len, source="measured",
+                          note="tfrun --freeze timely --objective goodput, the monitor phase")
 
     def _apply(self, plan_json: dict, step: int, ramp: int, reason: str, events: list[dict],
                solve_s: float | None = None) -> None:
@@ -186,15 +223,22 @@ class OnlinePlanner:
 
     def _check_drift(self, step: int) -> list[dict]:
         measured = self.drift.measure(step, self.timer, self.plan)
+        noise = self._noise_model() if self.noise_model is not None else None
         decision = None
-        if measured is not None and self.drift.drifted(measured):
+        if measured is not None:
             drifted = self.drift.drifted(measured)
-            plan, solve_s = self._solve(drift.scaled_profile(self.plan, drifted))
-            decision = (plan, solve_s, drift.describe(drifted))
+            moved = _noise_moved(self.noise_model, noise)
+            if drifted or moved:
+                prof = drift.scaled_profile(self.plan, drifted)
+                plan, solve_s = self._solve(replace(prof, noise=noise or self.noise_model))
+                reasons = ([drift.describe(drifted)] if drifted else []) + ([moved] if moved else [])
+                decision = (plan, solve_s, "; ".join(reasons), noise)
         decision = _broadcast(decision, self.group)
         if decision is None:
             return []
-        plan, solve_s, reason = decision
+        plan, solve_s, reason, noise = decision
+        if noise is not None:
+            self.noise_model = noise
         events: list[dict] = []
         self._apply(plan, step + 1, 0, reason, events, solve_s)
         return events
@@ -231,15 +275,26 @@ class OnlinePlanner:
             probe_end = next(hi for n, _, hi in self.bounds if n == "probe")
             measuring = tuple([(r.step, r.action, r.rank, r.start_ms, r.end_ms) for r in rows]
                               for rows in self.timer.window(self.start("monitor"), probe_end))
-        return {"plan": self.plan_json,
-                "plans": [p.to_dict() for p in self.plans], "solve_s": self.solve_s, "measuring": measuring}
+        return {"plan": self.plan_json, "plans": [p.to_dict() for p in self.plans], "solve_s": self.solve_s,
+                "measuring": measuring, "noise": self.noise_model.to_dict() if self.noise_model else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.plan_json = state["plan"]
         self.plan = plan_mod.from_dict(self.plan_json) if self.plan_json is not None else None
         self.plans = [PlanInForce(**p) for p in state["plans"]]
         self.solve_s = list(state["solve_s"])
+        noise = state.get("noise")
+        self.noise_model = None if noise is None else goodput.from_dict(noise, len(noise["noise_scale_tokens"]), None)
         self.timer.restore(*([ActionTime(*row) for row in rows] for rows in state["measuring"]))
+
+
+def _noise_moved(planned: NoiseModel | None, now: NoiseModel | None) -> str | None:
+    """Why the noise scales call for a new plan (Note [online goodput]), or None."""
+    if planned is None or now is None:
+        return None
+    moved = [(s, b / a) for s, (a, b) in enumerate(zip(planned.noise_scale_tokens, now.noise_scale_tokens))
+             if a > 0 and abs(b / a - 1.0) > NOISE_REPLAN]
+    return "noise: " + ", ".join(f"stage {s} x{r:.2f}" for s, r in moved) if moved else None
 
 
 def _broadcast(obj, group):

@@ -55,8 +55,9 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
                                       num_batches=config.eval_batches)]
     out = Path(config.out_dir)
     has_first, has_last = 0 in local, config.num_stages - 1 in local
-    online = OnlinePlanner(config, freezer, timer, out, _stage_numel(config)) if config.freeze == "timely" else None
     noise = r.noise
+    online = OnlinePlanner(config, freezer, timer, out, _stage_numel(config), noise) if config.freeze == "timely" \
+        else None
     metrics: list[dict] = []
     start = 0
     if config.resume:
@@ -89,7 +90,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
             fault_hook(step)
         x, y = (replica_rows(t, m, r.dp, r.dp_rank) for t in batches.batch_at(step))
         state.begin(step)
-        noise.begin_step(step)
+        noise.begin_step(step, force=online is not None and online.measures_noise(step))
         events = online.before_step(step) if online is not None else []
         losses: list = []
         dist.barrier()
@@ -180,9 +181,7 @@ def _from_last_stage(value: float, has_last: bool, device: torch.device, dp: int
 def _gather_noise(noise: NoiseMeter, num_stages: int) -> dict:
     """A measured step's metrics fields, every stage's on rank 0: `noise_scale_tokens` (smoothed, per stage;
     null while |G|^2 is not positive) and `grad_sq` (smoothed |G|^2 per stage). Collective."""
-    parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, noise.stage_estimates())
-    both = {s: v for part in parts for s, v in part.items()}
+    both = noise.gathered()
     return {"noise_scale_tokens": [noise_scale(*both[s]) if s in both else None for s in range(num_stages)],
             "grad_sq": [both[s][0] if s in both else None for s in range(num_stages)]}
 
