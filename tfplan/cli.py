@@ -26,6 +26,7 @@ from tfplan.cli_options import (  # noqa: F401 - out and user_errors are also tf
     JsonOpt,
     LayersPerStageOpt,
     MicrobatchesOpt,
+    Objective,
     ProfileOpt,
     RanksOpt,
     ScheduleCsvOpt,
@@ -228,11 +229,20 @@ def solve_cmd(
                      help="Keep one stage-0 backward unfrozen, so that tfrun can freeze prefixes there (time linear "
                           "in the ratio) while the whole stage still trains (tfplan.job Note [stage-0 anchor])."),
     ] = True,
+    objective: Annotated[
+        Objective,
+        typer.Option("--objective", help="makespan: the fastest plan within the caps. goodput: the most predicted "
+                                         "learning per second (needs the profile's noise section; freezes nothing "
+                                         "when freezing does not pay at this batch)."),
+    ] = Objective.makespan,
 ) -> None:
     """Solve the TimelyFreeze LP: a freeze ratio per (stage, micro-batch) action that minimises the step time
-    under the per-stage cap on the mean freeze ratio.
+    under the per-stage cap on the mean freeze ratio; or, with --objective goodput, that maximises predicted
+    learning per second (tfplan.goodput).
 
-    Example: tfplan solve -p profiles/toy-uniform-4.json -s 1f1b -m 8 -c 0.9 -o plan.json
+    Examples:
+      tfplan solve -p profiles/toy-uniform-4.json -s 1f1b -m 8 -c 0.9 -o plan.json
+      tfplan solve -p measured.json -s 1f1b -m 8 -c 0.9 --objective goodput -o plan.json
     """
     from tfplan import plan as plan_mod
     from tfplan.job import solve_job
@@ -241,7 +251,7 @@ def solve_cmd(
         spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp,
                         dp_link)
         plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup, solver_backend.value, time_limit,
-                             stage0_anchor)
+                             stage0_anchor, objective.value)
         csv_path = plan_mod.write(plan_obj, output) if output else None
         if as_json:
             print(json.dumps(plan_json(plan_obj) | {"output": output, "schedule_csv": str(csv_path or "") or None}))
