@@ -152,9 +152,11 @@ def test_timely_on_a_zero_bubble_schedule(tmp_path):
     out = tmp_path / "zb"
     proc = _timely(out, "--schedule", "interleaved-zb", "--stages-per-rank", "2", "--steps", "14", *SHORT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    plan = json.loads((out / "plan.json").read_text())
-    assert plan["schedule"]["name"] == "interleaved-zb"
-    assert any(a["freeze_ratio"] > 0 for a in plan["actions"] if "W" in a["action"])
+    from tfplan import plan as plan_mod
+
+    plan = plan_mod.load(out / "plan.json")
+    assert plan.schedule.name == "interleaved-zb"
+    assert any(r > 0 for action, r in plan.ratio_of().items() if "W" in action)
 
 
 @pytest.mark.slow

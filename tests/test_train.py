@@ -41,14 +41,9 @@ def _tfrun(*args: str, env: dict | None = None, timeout: float = 240) -> subproc
 def _stress_plan(tmp_path: Path, ratio: float = 0.9) -> Path:
     """A valid plan at cap `ratio` that freezes every backward action at exactly `ratio` (issue 9's check)."""
     from tfplan import plan
-    from tfplan.actions import FREEZABLE, parse_action
 
-    obj = json.loads(_plan(tmp_path).read_text())
-    for item in obj["actions"]:
-        if parse_action(item["action"]).kind in FREEZABLE and item["max_ms"] > item["min_ms"]:
-            item["freeze_ratio"] = ratio
     path = tmp_path / "plan-stress.json"
-    path.write_text(json.dumps(obj))
+    plan.write(plan.with_uniform_ratio(plan.load(_plan(tmp_path)), ratio), path)
     plan.load(path)
     return path
 

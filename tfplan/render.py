@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -87,7 +88,7 @@ def timeline(dag: Dag, sim: Simulation, width: int, span: tuple[float, float] | 
     cols = max(10, width - label_w)
     scale = cols / (t1 - t0) if t1 > t0 else 0.0
     rows: list[list[tuple[str, str]]] = [[(IDLE, "dim")] * cols for _ in range(dag.schedule.num_ranks)]
-    for v in range(dag.num_nodes):
+    for v in _painters(dag, sim, t0, t1, scale, cols):
         s, e = sim.start_ms[v], sim.end_ms[v]
         if e <= t0 or s >= t1:
             continue
@@ -119,6 +120,24 @@ def timeline(dag: Dag, sim: Simulation, width: int, span: tuple[float, float] | 
     axis = f"{t0:.3g} ms".ljust(cols // 2) + f"{t1:.3g} ms".rjust(cols - cols // 2)
     out.append(" " * label_w + axis + "\n", style="dim")
     return out
+
+
+def _painters(dag: Dag, sim: Simulation, t0: float, t1: float, scale: float, cols: int) -> list[int]:
+    """The nodes whose blocks timeline() must paint, in node order: those in the span, less each one-column
+    block that the next block of its rank paints over (same column). A rank's blocks never go back in time,
+    so the rest are exactly what the timeline shows; at a million actions most blocks are a column's sliver
+    and this leaves about one per column (vectorised; the same columns as painting every node)."""
+    start, end = np.asarray(sim.start_ms), np.asarray(sim.end_ms)
+    c0 = np.maximum(0.0, np.rint((start - t0) * scale))  # np.rint rounds half to even, as round() does
+    c1 = np.minimum(float(cols), np.rint((end - t0) * scale))
+    narrow = c1 <= c0
+    shown = (end > t0) & (start < t1) & (~narrow | ((end > start) & (c0 < cols)))
+    idx = np.flatnonzero(shown)
+    c0, c1 = c0[idx], np.where(narrow[idx], c0[idx] + 1, c1[idx])
+    rank = np.asarray(dag.rank)[idx]
+    covered = np.zeros(len(idx), dtype=bool)
+    covered[:-1] = (rank[1:] == rank[:-1]) & (c0[1:] == c0[:-1]) & (c1[:-1] - c0[:-1] == 1)
+    return idx[~covered].tolist()
 
 
 def legend(kinds: set[str]) -> Text:
@@ -214,11 +233,8 @@ def _ratio_cell(r: float, cell: int) -> tuple[str, str]:
 def heat_map(plan, width: int) -> Text:
     """Stage x micro-batch map of freeze ratios (of each (stage, mb)'s B or W action); micro-batches are
     averaged in bins when they do not fit the width."""
-    dag, m = plan.dag, plan.schedule.num_microbatches
-    grid = [[0.0] * m for _ in range(plan.schedule.num_stages)]
-    for v, a in enumerate(dag.actions):
-        if dag.freezable[v]:
-            grid[a.stage][a.mb] = plan.ratios[v]
+    m = plan.schedule.num_microbatches
+    grid = plan.ratio_table()
     cell = 4
     per_bin = max(1, -(-m * cell // max(cell, width - 10)))  # micro-batches per column, ceil
     bins = [range(i, min(m, i + per_bin)) for i in range(0, m, per_bin)]
@@ -320,8 +336,7 @@ def simulation_json(dag, sim: Simulation, freeze_ratio: float, profile_name: str
 def render_plan(plan_obj, console: Console, title: str) -> None:
     """The people's view of a plan: summary, per-stage ratios, heat map, before/after timelines."""
     dag = plan_obj.dag
-    none = simulate(dag)
-    planned = simulate(dag, dag.durations(list(plan_obj.ratios)))
+    none, planned = plan_obj.timelines or (simulate(dag), simulate(dag, dag.durations(list(plan_obj.ratios))))
     console.print(Text(title, style="bold"))
     console.print(plan_summary(plan_obj))
     console.print(stage_table(plan_obj))
