@@ -126,8 +126,8 @@ def predictions(folders: dict[str, Path], compared: dict, batch_tokens: float) -
     from tfplan.goodput import NoiseModel, progress
 
     none = json.loads((folders["none"] / "summary.json").read_text())
-    noise = NoiseModel(noise_scale_tokens=tuple(none["noise_scale_tokens"]), grad_sq_share=tuple(none["grad_sq_share"]),
-                       microbatch_tokens=MB_SIZE * SEQ, source="measured")
+    noise = NoiseModel(noise_scale_tokens=tuple(none["noise_scale_tokens"]),
+                       grad_sq_share=tuple(none["grad_sq_share"]), microbatch_tokens=MB_SIZE * SEQ, source="measured")
     base = progress([0.0] * len(noise.grad_sq_share), batch_tokens, noise)
     lines = [f"noise scale of the unfrozen run (median over its measured steps): "
              f"{', '.join(f'{x:.0f}' for x in noise.noise_scale_tokens)} tokens per stage, |G|^2 shares "

@@ -58,7 +58,8 @@ def main() -> None:
         rel = [d / a for d, a in zip(diffs, samples["off"])]
         print(f"{name} (--noise-every {settings[name]}): +{statistics.median(diffs):.1f} ms a step "
               f"({statistics.median(rel):+.1%}; rounds {', '.join(f'{x:+.1%}' for x in rel)})")
-    print(f"off: median step {statistics.median(samples['off']):.1f} ms ({', '.join(f'{x:.1f}' for x in samples['off'])})")
+    off = samples["off"]
+    print(f"off: median step {statistics.median(off):.1f} ms ({', '.join(f'{x:.1f}' for x in off)})")
 
 
 if __name__ == "__main__":
