@@ -132,8 +132,8 @@ def predictions(folders: dict[str, Path], compared: dict, batch_tokens: float) -
     lines = [f"noise scale of the unfrozen run (median over its measured steps): "
              f"{', '.join(f'{x:.0f}' for x in noise.noise_scale_tokens)} tokens per stage, |G|^2 shares "
              f"{', '.join(f'{x:.2f}' for x in noise.grad_sq_share)}; batch {batch_tokens:.0f} tokens",
-             f"{'run':24s} {'ratios':>11s} {'efficiency':>10s} {'speedup':>8s} {'goodput':>8s} {'gap at equal time':>18s}"
-             "  agree"]
+             f"{'run':24s} {'ratios':>11s} {'efficiency':>10s} {'speedup':>8s} {'goodput':>8s} "
+             f"{'gap at equal time':>18s}  agree"]
     table = []
     for row in compared["runs"]:
         name = Path(row["dir"]).name
