@@ -266,16 +266,24 @@ def solve_cmd(
 def show_cmd(
     plan_path: Annotated[str, typer.Argument(help="A plan JSON written by `tfplan solve`.")],
     trace: Annotated[str | None, typer.Option("--trace", help="Write the planned timeline as a Chrome trace.")] = None,
+    profile: Annotated[
+        str | None, typer.Option("--profile", "-p", help="Evaluate the plan's predicted goodput with this profile's "
+                                                        "noise section (any plan, whatever it was solved for).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a saved plan: predicted speedup, per-stage ratios, heat map and timelines.
+    """Show a saved plan: predicted speedup (and goodput), per-stage ratios, heat map and timelines.
 
-    Example: tfplan show plan.json --trace plan-trace.json
+    Examples:
+      tfplan show plan.json --trace plan-trace.json
+      tfplan show plan.json --profile measured.json --json
     """
     from tfplan import plan as plan_mod
 
     with user_errors():
         plan_obj = plan_mod.load(plan_path)
+        if profile is not None:
+            plan_obj = with_goodput(plan_obj, profile)
         if trace:
             dag = plan_obj.dag
             sim = simulate_mod.simulate(dag, dag.durations(list(plan_obj.ratios)))
@@ -286,6 +294,27 @@ def show_cmd(
         render_plan(plan_obj, out(), title=f"{plan_path}: {plan_title(plan_obj)}")
         if trace:
             out().print(f"trace written to {trace} (open in https://ui.perfetto.dev)")
+
+
+def with_goodput(plan_obj, profile_path: str):
+    """The plan with its goodput evaluated on `profile_path`'s noise section (tfplan.goodput)."""
+    import dataclasses
+
+    from tfplan import goodput
+    from tfplan import profile as profile_mod
+
+    prof = profile_mod.load(profile_path)
+    sched = plan_obj.schedule
+    noise = prof.stage_noise(sched.num_stages)
+    if noise is None:
+        raise TfplanError(f"{profile_path}: no noise section to evaluate goodput with: measure it (tfplan profile) "
+                          "or give it (tfplan profile --analytic ... --noise-scale N)")
+    batch = float(prof.dp * sched.num_microbatches * noise.microbatch_tokens)
+    objective = plan_obj.goodput.objective if plan_obj.goodput is not None else "makespan"
+    p = plan_obj.predicted
+    record = goodput.plan_goodput(objective, noise, batch, plan_obj.mean_ratio_per_stage(), p.planned_ms,
+                                  p.no_freeze_ms)
+    return dataclasses.replace(plan_obj, goodput=record)
 
 
 @app.command("whatif")

@@ -155,3 +155,60 @@ def evaluate(means: Sequence[float], step_ms: float, no_freeze_ms: float, batch_
     base = progress([0.0] * len(means), batch_tokens, noise)
     eff = progress(means, batch_tokens, noise) / base if base > 0 else 1.0
     return Goodput(batch_tokens=batch_tokens, efficiency=eff, speedup=no_freeze_ms / step_ms)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanGoodput:
+    """What a plan records of the learning model (the plan file's `goodput` section, docs/formats.md)."""
+
+    objective: str
+    """What the plan was solved for: makespan or goodput."""
+    noise: NoiseModel
+    """The noise model per stage it was planned or evaluated with."""
+    batch_tokens: float
+    """The step's batch B in tokens (dp x M x micro-batch tokens)."""
+    value: Goodput
+    """The plan's predicted efficiency, speedup and goodput relative to no freezing."""
+    solve: dict[str, Any] | None = None
+    """The goodput LP's statistics (lp_solves, dinkelbach_steps, wall_s, bound), for --objective goodput."""
+
+    @property
+    def pays(self) -> bool:
+        """Whether the plan learns faster per second than no freezing."""
+        return self.value.goodput > 1.0 + 1e-9
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"objective": self.objective, "noise": self.noise.to_dict(), "batch_tokens": self.batch_tokens,
+                **self.value.to_dict(), "pays": self.pays, "solve": self.solve}
+
+
+def plan_goodput(objective: str, noise: NoiseModel, batch_tokens: float, means: Sequence[float], planned_ms: float,
+                 no_freeze_ms: float, solve: dict[str, Any] | None = None) -> PlanGoodput:
+    """A plan's record from its stages' means and predicted step times."""
+    return PlanGoodput(objective=objective, noise=noise, batch_tokens=batch_tokens,
+                       value=evaluate(means, planned_ms, no_freeze_ms, batch_tokens, noise), solve=solve)
+
+
+def record_from_dict(obj: Any, num_stages: int, means: Sequence[float], planned_ms: float,
+                     no_freeze_ms: float) -> PlanGoodput:
+    """Validate a plan's `goodput` section (its figures are recomputed from the plan, not trusted).
+
+    Raises:
+        TfplanError: naming the field (goodput.<field>).
+    """
+    if not isinstance(obj, dict):
+        raise TfplanError("goodput: must be an object")
+    objective = obj.get("objective")
+    if objective not in ("makespan", "goodput"):
+        raise TfplanError(f"goodput.objective: must be makespan or goodput, got {objective!r}")
+    try:
+        noise = from_dict(obj.get("noise"), num_stages, None)
+    except TfplanError as exc:
+        raise TfplanError(f"goodput.{exc}") from None
+    batch = obj.get("batch_tokens")
+    if isinstance(batch, bool) or not isinstance(batch, (int, float)) or not math.isfinite(batch) or batch <= 0:
+        raise TfplanError(f"goodput.batch_tokens: must be a number > 0, got {batch!r}")
+    solve = obj.get("solve")
+    if solve is not None and not isinstance(solve, dict):
+        raise TfplanError("goodput.solve: must be an object or null")
+    return plan_goodput(objective, noise, float(batch), means, planned_ms, no_freeze_ms, solve)

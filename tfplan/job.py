@@ -144,7 +144,8 @@ def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_m
     except UnreachableTarget:  # the target needs every stage-0 backward frozen: keep the unanchored plan
         return solution
     assert pinned.ratios[pin] == 0.0  # its durations are the original DAG's too (fixed nodes keep d_max)
-    return pinned
+    cost = pinned.makespan_ms - solution.makespan_ms
+    return replace(pinned, anchor_cost_ms=cost if cost > ANCHOR_TOL * solution.makespan_ms else 0.0)
 
 
 def _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s):
@@ -240,7 +241,7 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
     caps = check_caps(caps, dag.schedule.num_stages)
     if objective not in OBJECTIVES:
         raise TfplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    limits = caps
+    limits, record = caps, None
     if objective == "goodput":
         from tfplan import goodput_lp
 
@@ -251,8 +252,14 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
             raise TfplanError(f"--objective goodput needs the gradient noise scale, and profile {profile.name!r} has "
                               "no noise section: measure it (tfplan profile, at your checkpoint with --init-from) or "
                               "give it (tfplan profile --analytic ... --noise-scale N)")
-        best = goodput_lp.solve_goodput(dag, caps, noise, batch_tokens(profile, dag.schedule, noise), time_limit_s)
+        batch = batch_tokens(profile, dag.schedule, noise)
+        best = goodput_lp.solve_goodput(dag, caps, noise, batch, time_limit_s)
         limits = [min(c, m) for c, m in zip(caps, best.means)] if best.pays else [0.0] * len(caps)
+        record = ("goodput", noise, batch, {"lp_solves": best.lp_solves, "dinkelbach_steps": best.dinkelbach_steps,
+                                            "wall_s": best.wall_s, "bound": best.bound / best.unfrozen_goodput,
+                                            "means": best.means})
+    elif noise is not None:
+        record = ("makespan", noise, batch_tokens(profile, dag.schedule, noise), None)
     target = None if target_speedup is None else target_makespan(dag, target_speedup)
     try:
         solution = solve_dag(dag, limits, target, backend, time_limit_s, anchor)
@@ -262,4 +269,4 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
             f"--target-speedup {target_speedup:g} is unreachable under the caps; the best they allow is "
             f"{none / (exc.best_makespan_ms + dag.step_overhead_ms):.4g}x (raise --max-freeze-ratio)"
         ) from None
-    return plan_mod.make_plan(dag, solution, caps, profile, target_speedup)
+    return plan_mod.make_plan(dag, solution, caps, profile, target_speedup, record)
