@@ -91,3 +91,76 @@ def test_a_huge_noise_scale_makes_freezing_not_pay():
     d = _dag("1f1b", 2, 4, 5)
     g = solve_goodput(d, [0.9, 0.9], _noise([1e7, 1e7], [0.5, 0.5]), 2048.0)
     assert not g.pays and g.means == [0.0, 0.0]
+
+
+def _tiny_noise_profile(tmp_path, scales=(1800.0, 2400.0), saving: float | None = None):
+    """The shipped tiny profile with a noise section; `saving`: freezing shortens a backward by only this share."""
+    import json
+    from pathlib import Path
+
+    obj = json.loads((Path(__file__).resolve().parent.parent / "profiles" / "tiny-cpu-2stages.json").read_text())
+    obj["schema_version"] = 3
+    for stage in obj["stages"] if saving is not None else []:
+        stage["backward_frozen_ms"] = stage["backward_ms"] * (1 - saving)
+        stage["backward_weight_frozen_ms"] = stage["backward_weight_ms"] * (1 - saving)
+    obj["noise"] = {"noise_scale_tokens": list(scales), "grad_sq_share": [0.3, 0.7], "microbatch_tokens": 512,
+                    "source": "given"}
+    path = tmp_path / "noise.json"
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def test_the_plan_records_its_goodput_and_the_cli_says_when_freezing_does_not_pay(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from tfplan import plan
+    from tfplan.cli import app
+
+    prof = _tiny_noise_profile(tmp_path)
+    out = tmp_path / "good.json"
+    result = CliRunner().invoke(app, ["solve", "-p", str(prof), "-s", "1f1b", "-m", "8", "--objective", "goodput",
+                                      "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    p = plan.load(out)
+    assert p.goodput.objective == "goodput" and p.goodput.batch_tokens == 8 * 512
+    means = p.mean_ratio_per_stage()
+    expected = evaluate(means, p.predicted.planned_ms, p.predicted.no_freeze_ms, 4096.0, p.goodput.noise)
+    assert p.goodput.value.goodput == pytest.approx(expected.goodput) and p.goodput.pays
+    assert "predicted goodput" in result.output
+    # the cap-0.9 makespan plan, evaluated with the same noise: lower goodput than the goodput plan
+    fast = tmp_path / "fast.json"
+    assert CliRunner().invoke(app, ["solve", "-p", str(prof), "-s", "1f1b", "-m", "8", "-o", str(fast)]).exit_code == 0
+    shown = json.loads(CliRunner().invoke(app, ["show", str(fast), "--profile", str(prof), "--json"]).output)
+    assert shown["goodput"]["objective"] == "makespan" and shown["goodput"]["goodput"] < p.goodput.value.goodput
+    # a noise scale far above the batch (progress linear in the kept share) and freezing that saves 2% of a
+    # backward: no plan gains as much time as it loses learning. The zero plan, said in one line.
+    hopeless = _tiny_noise_profile(tmp_path / "..", scales=(1e9, 1e9), saving=0.02)
+    result = CliRunner().invoke(app, ["solve", "-p", str(hopeless), "-s", "1f1b", "-m", "8", "--objective", "goodput"])
+    assert result.exit_code == 0 and "freezing does not pay at this batch (4,096 tokens a step" in result.output
+
+
+def test_the_stage0_anchor_cost_is_recorded_and_printed(tmp_path):
+    from typer.testing import CliRunner
+
+    from tfplan import job, plan
+    from tfplan.cli import app
+
+    for seed in range(40):  # random 1F1B 2 x 4 profiles at cap 0.8 until one where the anchor costs time
+        d = _dag("1f1b", 2, 4, seed)
+        anchored = job.solve_dag(d, [0.8, 0.8])
+        if anchored.anchor_cost_ms > 0:
+            break
+    else:
+        pytest.fail("no random profile where the anchor costs time")
+    free = job.solve_dag(d, [0.8, 0.8], anchor=False)
+    assert anchored.anchor_cost_ms == pytest.approx(anchored.makespan_ms - free.makespan_ms)
+    prof_path = tmp_path / "p.json"
+    prof_path.write_text(__import__("json").dumps(profile.Profile(
+        name="random", p2p_ms=d.p2p_ms, step_overhead_ms=d.step_overhead_ms, stages=d.stage_costs).to_dict()))
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(app, ["solve", "-p", str(prof_path), "-s", "1f1b", "-m", "4", "-c", "0.8",
+                                      "-o", str(out)], terminal_width=200)
+    assert result.exit_code == 0 and f"the stage-0 anchor costs {anchored.anchor_cost_ms:.3f} ms" in result.output
+    assert plan.load(out).anchor_cost_ms == pytest.approx(anchored.anchor_cost_ms)

@@ -84,14 +84,27 @@ def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_toke
     start = time.perf_counter()
     deadline = Deadline(limit_s=time_limit_s)
     overhead = dag.step_overhead_ms
-    w, n = noise.grad_sq_share, noise.noise_scale_tokens
+    n = noise.noise_scale_tokens
+    # Scaled so that the LP sees numbers near 1 whatever the noise (GLOP's tolerances are absolute): each
+    # stage's efficiency relative to its unfrozen one, weighted by its share of the unfrozen progress, so
+    # that P(m) / P(0) = sum_s w'_s phi_s and the unfrozen plan has progress 1.
+    e0 = [efficiency_slope(0.0, batch_tokens, x)[0] for x in n]
     p0 = progress([0.0] * len(caps), batch_tokens, noise)
+    w = [wt * e / p0 for wt, e in zip(noise.grad_sq_share, e0)]
+
+    def rel(s: int, m: float) -> tuple[float, float]:
+        e, slope = efficiency_slope(m, batch_tokens, n[s])
+        return e / e0[s], slope / e0[s]
+
+    def rel_progress(means: Sequence[float]) -> float:
+        return progress(means, batch_tokens, noise) / p0
+
     d0 = simulate(dag).batch_time_ms
     model = _Model(dag, caps)
     for s, cap in enumerate(caps):
         for m in {0.0, cap / 2, cap}:
-            model.add_cut(s, m, *efficiency_slope(m, batch_tokens, n[s]))
-    lam, best_means, best_goodput = p0 / d0, [0.0] * len(caps), p0 / d0
+            model.add_cut(s, m, *rel(s, m))
+    lam, best_means, best_goodput = 1.0 / d0, [0.0] * len(caps), 1.0 / d0
     t_min = None
     solves = steps = 0
     while True:
@@ -102,17 +115,17 @@ def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_toke
                 raise TfplanError(f"--objective goodput: no convergence in {MAX_ROUNDS} LP solves (a bug)")
             upper, means, phis, finish = model.solve(lam, w, deadline)
             upper -= lam * overhead  # the subproblem's value: max P - lam (T + o), o a constant
-            true = progress(means, batch_tokens, noise) - lam * (finish + overhead)
-            if upper - true <= TOL * lam * (finish + overhead) + 1e-15:
+            true = rel_progress(means) - lam * (finish + overhead)
+            if upper - true <= TOL * lam * (finish + overhead):
                 break
             added = False
             for s, (m, phi) in enumerate(zip(means, phis)):
-                e, slope = efficiency_slope(m, batch_tokens, n[s])
+                e, slope = rel(s, m)
                 if phi > e + 1e-12:
                     added |= model.add_cut(s, m, e, slope)
             if not added:  # the tangents at this point are in: what is left is GLOP's tolerance
                 break
-        goodput = progress(means, batch_tokens, noise) / (finish + overhead)
+        goodput = rel_progress(means) / (finish + overhead)
         if goodput > best_goodput:
             best_goodput, best_means = goodput, list(means)
         if t_min is None:
@@ -120,8 +133,8 @@ def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_toke
         if upper <= TOL * lam * t_min:
             break
         lam = max(lam, goodput)
-    return GoodputSolution(means=best_means, goodput=best_goodput, unfrozen_goodput=p0 / d0,
-                           bound=lam + max(0.0, upper) / t_min, lp_solves=solves, dinkelbach_steps=steps,
+    return GoodputSolution(means=best_means, goodput=best_goodput * p0, unfrozen_goodput=p0 / d0,
+                           bound=(lam + max(0.0, upper) / t_min) * p0, lp_solves=solves, dinkelbach_steps=steps,
                            wall_s=time.perf_counter() - start)
 
 
@@ -152,7 +165,7 @@ class _Model:
         for u, tail in finish:
             row(dag.d_max[u] + tail, [(self.T, 1.0), (t[u], -1.0), *end(u)])
         self.m = [solver.NumVar(0.0, cap, "") for cap in caps]
-        self.phi = [solver.NumVar(-inf, 1.0, "") for _ in caps]
+        self.phi = [solver.NumVar(-inf, 1.0, "") for _ in caps]  # relative efficiency: 1 unfrozen
         for s, group in enumerate(groups):
             if group:
                 row(0.0, [(self.m[s], float(len(group))), *((r[v], -1.0) for v in group)], 0.0)
