@@ -334,14 +334,23 @@ def whatif_cmd(
     dp_link: DpLinkOpt = None,
     csv_out: Annotated[str | None, typer.Option("--csv", help="Write the table as CSV here.")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of speedup against cap per schedule.")] = None,
+    noise_scale: Annotated[
+        str | None, typer.Option("--noise-scale", help="The gradient noise scale in tokens (one value, or one per "
+                                                       "stage or layer of the profile), instead of the profile's "
+                                                       "noise section: adds predicted goodput to every row.")
+    ] = None,
     as_json: JsonOpt = False,
     solver_backend: SolverOpt = Backend.auto,
     time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S,
 ) -> None:
     """What-if sweep on a laptop: every schedule x micro-batch count x cap, with the naive uniform-freezing
-    baseline at the same mean ratio.
+    baseline at the same mean ratio; with a noise scale (the profile's, or --noise-scale), each row's
+    predicted goodput and the best goodput at that cap and batch: does freezing pay at my batch?
 
-    Example: tfplan whatif -p profiles/toy-hetero-4.json --schedules 1f1b,gpipe -m 4,8,16 --caps 0.3,0.6,0.9
+    Examples:
+      tfplan whatif -p profiles/toy-hetero-4.json --schedules 1f1b,gpipe -m 4,8,16 --caps 0.3,0.6,0.9
+      tfplan whatif -p profiles/llama3.1-8b-h200-4stages.json --schedules 1f1b -m 8,32 --dp 1,8 \\
+          --dp-link ib --noise-scale 100000 --plot goodput.png
     """
     from rich.progress import Progress
 
@@ -377,6 +386,7 @@ def whatif_cmd(
                 time_limit_s=time_limit,
                 dps=dps,
                 dp_link=dp_link,
+                noise_scale=split_list(noise_scale, "--noise-scale", float) if noise_scale else None,
             )
         if csv_out:
             write_text_atomic(csv_out, sweep_mod.to_csv(rows))

@@ -12,7 +12,9 @@ each subproblem max P(m) - lam (T + o) by Kelley's cutting planes on the concave
     U is at least the subproblem's optimum, and the true value F = P(m) - lam (T + o) at its point at most;
     a tangent at each stage's m_s is added until U - F <= tol;
   * then U bounds the goodput gap: no plan exceeds lam + U / (T_min + o), so once U <= tol (T_min + o) lam
-    is optimal to that tolerance; otherwise lam = P(m) / (T + o), which only grows.
+    is optimal to that tolerance; otherwise lam = P(m) / (T + o), which only grows. GLOP satisfies rows to
+    about 1e-9, so U cannot always fall below tol: when lam stops growing by more than tol, the solve stops
+    and reports the bound it has (GoodputSolution.bound).
 Each LP is the makespan LP with S more columns (m, phi) and a few rows per stage, re-solved by GLOP after
 its objective or cuts change. The Charnes-Cooper transform would give one LP, but with a piecewise-linear
 numerator fixed in advance: exact only at its breakpoints. Dinkelbach with cuts places the breakpoints where
@@ -130,9 +132,9 @@ def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_toke
             best_goodput, best_means = goodput, list(means)
         if t_min is None:
             t_min = model.fastest(deadline) + overhead
-        if upper <= TOL * lam * t_min:
-            break
-        lam = max(lam, goodput)
+        if upper <= TOL * lam * t_min or goodput <= lam * (1 + TOL):
+            break  # certified; or lam no longer grows: the LP's own tolerance is the floor (see TOL)
+        lam = goodput
     return GoodputSolution(means=best_means, goodput=best_goodput * p0, unfrozen_goodput=p0 / d0,
                            bound=(lam + max(0.0, upper) / t_min) * p0, lp_solves=solves, dinkelbach_steps=steps,
                            wall_s=time.perf_counter() - start)

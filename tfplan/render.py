@@ -262,6 +262,7 @@ def sweep_table(rows, title: str):
 
     table = Table(title=title, title_justify="left", show_edge=False)
     with_dp = any(r.dp > 1 for r in rows)
+    learning = any(r.goodput is not None for r in rows)
     cols = (
         "schedule",
         "M",
@@ -275,6 +276,7 @@ def sweep_table(rows, title: str):
         "mean ratio",
         "uniform same mean",
         "plan vs uniform",
+        *(("batch tokens", "goodput", "best goodput (ratio)") if learning else ()),
     )
     for col in cols:
         table.add_column(col, justify="left" if col == "schedule" else "right", no_wrap=col == "schedule")
@@ -300,8 +302,13 @@ def sweep_table(rows, title: str):
             f"{r.mean_freeze_ratio:.3f}",
             f"{r.uniform_speedup:.3f}x",
             f"{r.uniform_ms / r.planned_ms:.3f}x",
+            *((f"{r.batch_tokens:,.0f}", f"{r.goodput:.3f}x", f"{r.best_goodput:.3f}x ({r.best_goodput_ratio:.2f})")
+              if learning and r.goodput is not None else ()),
         )
     lines = [f"[{i}] {reason}\n" for i, reason in enumerate(reasons, start=1)]
+    if learning:
+        lines.append("goodput: predicted learning per second over no freezing (tfplan.goodput); best: the goodput "
+                     "plan at that cap, 1.000x when freezing does not pay at that batch\n")
     if any(r.status == "FEASIBLE" for r in rows):
         lines.append("* feasible, not certified optimal: the time limit stopped the solve (--time-limit)\n")
     notes = Text("".join(lines), style="dim")
