@@ -223,14 +223,14 @@ class OnlinePlanner:
 
     def _check_drift(self, step: int) -> list[dict]:
         measured = self.drift.measure(step, self.timer, self.plan)
-        noise = self._noise_model() if self.noise_model is not None else None
+        noise = self._noise_model()  # goodput: the current estimates (a seed plan has none of its own)
         decision = None
         if measured is not None:
             drifted = self.drift.drifted(measured)
             moved = _noise_moved(self.noise_model, noise)
             if drifted or moved:
                 prof = drift.scaled_profile(self.plan, drifted)
-                plan, solve_s = self._solve(replace(prof, noise=noise or self.noise_model))
+                plan, solve_s = self._solve(replace(prof, noise=noise))
                 reasons = ([drift.describe(drifted)] if drifted else []) + ([moved] if moved else [])
                 decision = (plan, solve_s, "; ".join(reasons), noise)
         decision = _broadcast(decision, self.group)
