@@ -181,14 +181,17 @@ class OnlinePlanner:
                                   time_limit_s=SOLVE_LIMIT_S, objective=self.config.objective)
         return plan_mod.to_dict(plan), time.perf_counter() - start
 
-    def _noise_model(self) -> NoiseModel | None:
+    def _noise_model(self, required: bool = True) -> NoiseModel | None:
         """Under --objective goodput, the stages' current noise estimates as a profile's noise section (every
-        rank takes part: a gather), else None."""
+        rank takes part: a gather), else None; when some stage has none yet, an error if `required`, else the
+        noise the plan in force was solved with."""
         if self.config.objective != "goodput" or self.noise is None:
             return None
         both = self.noise.gathered()
         scales = [noise_scale(*both[s]) if s in both else None for s in range(self.config.num_stages)]
         if any(x is None for x in scales):
+            if not required:
+                return self.noise_model
             raise TfrunError(f"--objective goodput: the monitor phase measured no positive |G|^2 on some stage "
                              f"(noise scales {scales}): lengthen --monitor-steps")
         total = sum(both[s][0] for s in range(self.config.num_stages))
@@ -223,7 +226,7 @@ class OnlinePlanner:
 
     def _check_drift(self, step: int) -> list[dict]:
         measured = self.drift.measure(step, self.timer, self.plan)
-        noise = self._noise_model()  # goodput: the current estimates (a seed plan has none of its own)
+        noise = self._noise_model(required=self.noise_model is None)  # goodput: the current estimates
         decision = None
         if measured is not None:
             drifted = self.drift.drifted(measured)
