@@ -22,6 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tfplan import plan as plan_mod
+from tfplan.actions import FREEZABLE, parse_action
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL, M, MB_SIZE, SEQ, CAP = "tiny", 8, 4, 128, 0.9
 
@@ -63,7 +66,8 @@ def main() -> None:
              for name in ("anchored", "unanchored")}
     for name, path in plans.items():
         obj = json.loads(path.read_text())
-        stage0 = obj["freeze_ratio"][0]  # stage 0's backward per micro-batch (docs/formats.md, plan version 3)
+        stage0 = [r for a, r in plan_mod.load(path).ratio_of().items() if (act := parse_action(a)).stage == 0
+                  and act.kind in FREEZABLE]
         print(f"{name:10s} plan: predicted {obj['predicted']['planned_ms']:.1f} ms; stage 0 ratios "
               f"{' '.join(f'{r:.2f}' for r in stage0)}")
     print(f"{args.schedule}, {args.steps} steps from scratch, seed {args.seed}, cap {CAP}, auto policy; "

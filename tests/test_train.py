@@ -68,6 +68,13 @@ def _losses(out: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _noise(out: Path) -> list:
+    """The noise-scale estimates of the measured steps (--noise-every 5: steps 0 and 5), which carry the
+    moving averages of every measured step before them (tfrun.noise: checkpointed)."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["noise_scale_tokens"], r["grad_sq"]) for r in rows if "noise_scale_tokens" in r]
+
+
 @pytest.mark.slow
 def test_train_writes_metrics_summary_profile_and_checkpoint(full_run):
     from tfplan import profile, summary
@@ -173,6 +180,7 @@ def test_a_rank_sigkilled_mid_step_ends_the_job_fast_and_the_resume_is_exact(pla
     resumed = _tfrun(*args, "--resume", str(out))
     assert resumed.returncode == 0, resumed.stderr
     assert _losses(out) == _losses(full_run[0])
+    assert [s for s, _, _ in _noise(out)] == [0, 5] and _noise(out) == _noise(full_run[0])  # resumed from step 4
 
 
 @pytest.mark.slow

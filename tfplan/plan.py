@@ -29,6 +29,7 @@ from tfplan.actions import parse_action
 from tfplan.dag import Dag, build
 from tfplan.errors import TfplanError
 from tfplan.fileio import read_json, write_json_atomic, write_text_atomic
+from tfplan.goodput import NoiseModel, PlanGoodput, plan_goodput, record_from_dict
 from tfplan.lp import CAP_TOL, Solution, SolverRecord
 from tfplan.plan_ratios import ratio_table, ratios_v2, ratios_v3, require
 from tfplan.simulate import Simulation, simulate
@@ -100,6 +101,10 @@ class Plan:
     solver: SolverRecord | None
     """Backend, status, per-phase results and gaps, times (lp.SolverRecord); None for plans not made by the LP."""
     target_speedup: float | None = None
+    goodput: PlanGoodput | None = None
+    """The learning model's view of the plan (tfplan.goodput), when its profile had a noise section."""
+    anchor_cost_ms: float = 0.0
+    """What keeping one stage-0 backward unfrozen cost the makespan (tfplan.job Note [stage-0 anchor]), ms."""
     timelines: tuple[Simulation, Simulation] | None = field(default=None, compare=False, repr=False)
     """The (nothing frozen, planned) simulations its predictions came from, kept for rendering (not written)."""
 
@@ -156,9 +161,14 @@ def make_plan(
     caps: Sequence[float],
     profile: profile_mod.Profile,
     target_speedup: float | None = None,
+    goodput: tuple[str, NoiseModel, float, dict | None] | None = None,
 ) -> Plan:
-    """Wrap a solver solution into a Plan with predictions."""
+    """Wrap a solver solution into a Plan with predictions; `goodput`: (objective, noise per stage, batch
+    tokens, the goodput LP's statistics or None) when the profile has a noise section."""
     predicted, none, planned = _predict(dag, solution.ratios)
+    means = [sum(solution.ratios[v] for v in g) / len(g) if g else 0.0 for g in dag.freeze_groups()]
+    record = None if goodput is None else plan_goodput(*goodput[:3], means, predicted.planned_ms,
+                                                        predicted.no_freeze_ms, goodput[3])
     return Plan(
         dag=dag,
         profile_name=profile.name,
@@ -169,6 +179,8 @@ def make_plan(
         predicted=predicted,
         solver=solution.record(),
         target_speedup=target_speedup,
+        goodput=record,
+        anchor_cost_ms=solution.anchor_cost_ms,
         timelines=(none, planned),
     )
 
@@ -224,6 +236,8 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "predicted": plan.predicted.to_dict(),
         "freeze_ratio": plan.ratio_table(),
         "solver": None if plan.solver is None else plan.solver.to_dict(),
+        "anchor_cost_ms": plan.anchor_cost_ms,
+        "goodput": None if plan.goodput is None else plan.goodput.to_dict(),
     }
 
 
@@ -292,6 +306,13 @@ def from_dict(obj: Any) -> Plan:
     target = obj.get("target_speedup")
     if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
         raise TfplanError(f"target_speedup: must be a number or null, got {json.dumps(target)}")
+    means = [sum(ratios[v] for v in g) / len(g) if g else 0.0 for g in dag.freeze_groups()]
+    record = None
+    if obj.get("goodput") is not None:
+        record = record_from_dict(obj["goodput"], sched.num_stages, means, predicted.planned_ms, predicted.no_freeze_ms)
+    anchor = obj.get("anchor_cost_ms", 0.0)
+    if isinstance(anchor, bool) or not isinstance(anchor, (int, float)) or not math.isfinite(anchor) or anchor < 0:
+        raise TfplanError(f"anchor_cost_ms: must be a number >= 0, got {json.dumps(anchor)}")
     plan = Plan(
         dag=dag,
         profile_name=prof.name,
@@ -302,6 +323,8 @@ def from_dict(obj: Any) -> Plan:
         predicted=predicted,
         solver=_solver_record(obj, version),
         target_speedup=target,
+        goodput=record,
+        anchor_cost_ms=float(anchor),
         timelines=(none, planned),
     )
     for s, (mean, cap) in enumerate(zip(plan.mean_ratio_per_stage(), plan.caps)):

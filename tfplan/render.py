@@ -262,6 +262,7 @@ def sweep_table(rows, title: str):
 
     table = Table(title=title, title_justify="left", show_edge=False)
     with_dp = any(r.dp > 1 for r in rows)
+    learning = any(r.goodput is not None for r in rows)
     cols = (
         "schedule",
         "M",
@@ -275,6 +276,7 @@ def sweep_table(rows, title: str):
         "mean ratio",
         "uniform same mean",
         "plan vs uniform",
+        *(("batch tokens", "goodput", "best goodput (ratio)") if learning else ()),
     )
     for col in cols:
         table.add_column(col, justify="left" if col == "schedule" else "right", no_wrap=col == "schedule")
@@ -300,8 +302,13 @@ def sweep_table(rows, title: str):
             f"{r.mean_freeze_ratio:.3f}",
             f"{r.uniform_speedup:.3f}x",
             f"{r.uniform_ms / r.planned_ms:.3f}x",
+            *((f"{r.batch_tokens:,.0f}", f"{r.goodput:.3f}x", f"{r.best_goodput:.3f}x ({r.best_goodput_ratio:.2f})")
+              if learning and r.goodput is not None else ()),
         )
     lines = [f"[{i}] {reason}\n" for i, reason in enumerate(reasons, start=1)]
+    if learning:
+        lines.append("goodput: predicted learning per second over no freezing (tfplan.goodput); best: the goodput "
+                     "plan at that cap, 1.000x when freezing does not pay at that batch\n")
     if any(r.status == "FEASIBLE" for r in rows):
         lines.append("* feasible, not certified optimal: the time limit stopped the solve (--time-limit)\n")
     notes = Text("".join(lines), style="dim")
@@ -338,6 +345,8 @@ def render_plan(plan_obj, console: Console, title: str) -> None:
     dag = plan_obj.dag
     none, planned = plan_obj.timelines or (simulate(dag), simulate(dag, dag.durations(list(plan_obj.ratios))))
     console.print(Text(title, style="bold"))
+    for line in plan_notes(plan_obj):
+        console.print(line)
     console.print(plan_summary(plan_obj))
     console.print(stage_table(plan_obj))
     console.print(heat_map(plan_obj, console.width))
@@ -346,6 +355,28 @@ def render_plan(plan_obj, console: Console, title: str) -> None:
     console.print(timeline(dag, none, console.width, span=(0.0, none.makespan_ms)), end="")
     console.print(Text(f"after: TimelyFreeze plan, {planned.batch_time_ms:.3f} ms (same time scale)", style="bold"))
     console.print(timeline(dag, planned, console.width, span=(0.0, none.makespan_ms)), end="")
+
+
+def plan_notes(plan_obj) -> list[str]:
+    """One line each: the plan's predicted goodput (tfplan.goodput), or that freezing does not pay at this
+    batch; the stage-0 anchor's cost when it has one (tfplan.job Note [stage-0 anchor])."""
+    lines = []
+    g = plan_obj.goodput
+    if g is not None:
+        scales = ", ".join(f"{n:,.0f}" for n in g.noise.noise_scale_tokens)
+        if g.objective == "goodput" and not any(plan_obj.ratios):
+            lines.append(f"freezing does not pay at this batch ({g.batch_tokens:,.0f} tokens a step; noise scales "
+                         f"{scales} tokens per stage): the plan freezes nothing")
+        else:
+            lines.append(f"predicted goodput {g.value.goodput:.3f}x unfrozen training's (learning per step "
+                         f"{g.value.efficiency:.3f}x, steps per second {g.value.speedup:.3f}x; batch "
+                         f"{g.batch_tokens:,.0f} tokens, noise scales {scales} tokens per stage; solved for "
+                         f"{g.objective})" + ("" if g.pays else ": freezing does not pay here"))
+    if plan_obj.anchor_cost_ms > 0:
+        share = plan_obj.anchor_cost_ms / plan_obj.predicted.planned_ms
+        lines.append(f"the stage-0 anchor costs {plan_obj.anchor_cost_ms:.3f} ms a step ({share:.2%}): one stage-0 "
+                     "backward left unfrozen (--no-stage0-anchor turns it off)")
+    return lines
 
 
 def plan_json(plan_obj) -> dict:
@@ -359,6 +390,8 @@ def plan_json(plan_obj) -> dict:
         "mean_freeze_ratio": plan_obj.mean_ratio_per_stage(),
         **p.to_dict(),
         "solver": None if plan_obj.solver is None else plan_obj.solver.to_dict(),
+        "anchor_cost_ms": plan_obj.anchor_cost_ms,
+        "goodput": None if plan_obj.goodput is None else plan_obj.goodput.to_dict(),
     }
 
 

@@ -91,6 +91,16 @@ def profiles() -> None:
     variant("schema-0", lambda o: o.update(schema_version=0))
     variant("empty-stages", lambda o: o.update(stages=[]))
     variant("bool-number", lambda o: o["stages"][0].update(forward_ms=True))
+    # the noise section (schema 3, issue 21): negative, NaN, missing, or measured at another batch shape
+    noise = {"noise_scale_tokens": [1800.0, 2400.0], "grad_sq_share": [0.4, 0.6], "microbatch_tokens": 512,
+             "source": "measured"}
+    shaped = {"schema_version": 3, "source": {"kind": "measured", "microbatch_size": 4, "seq_len": 128}}
+    variant("no-noise", lambda o: o.update(shaped))
+    variant("noise-negative", lambda o: o.update(shaped, noise=noise | {"noise_scale_tokens": [1800.0, -5.0]}))
+    variant("noise-nan", lambda o: o.update(shaped, noise=noise | {"noise_scale_tokens": [float("nan"), 1.0]}))
+    variant("noise-missing-share", lambda o: o.update(shaped, noise={k: v for k, v in noise.items()
+                                                                     if k != "grad_sq_share"}))
+    variant("noise-other-shape", lambda o: o.update(shaped, noise=noise | {"microbatch_tokens": 64}))
 
 
 def configs(valid: dict) -> None:
