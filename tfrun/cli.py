@@ -34,7 +34,10 @@ def train_cmd(
         str | None, typer.Option("--plan", help="Plan JSON from `tfplan solve` (with --freeze timely: optional, "
                                                 "seeds the first plan).")
     ] = None,
-    model: Annotated[str, typer.Option("--model", help="Model size: tiny, small, llama3.2-1b, llama3.1-8b.")] = "tiny",
+    model: Annotated[
+        str, typer.Option("--model", help="Model size: tiny, small, llama3.2-1b, llama3.1-8b; or hf:DIR, a Hugging "
+                                          "Face LLaMA checkpoint folder (fine-tuning).")
+    ] = "tiny",
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 30,
     seed: Annotated[int, typer.Option("--seed", help="Initialisation, data and freeze-selection seed.")] = 0,
     out: Annotated[str | None, typer.Option("--out", help="Output folder (default runs/latest).")] = None,
@@ -103,8 +106,21 @@ def train_cmd(
                                            "or device (summary.json then reports no prediction error).")
     ] = False,
     data: Annotated[
-        str | None, typer.Option("--data", help="Training text file, or 'stdlib' (Python source; default: "
-                                                "CPython's pydoc topics).")
+        str | None, typer.Option("--data", help="Training data: a text file, a .jsonl file (its 'text' fields) or a "
+                                                "folder of them, a .bin file of token ids, or 'stdlib' (Python "
+                                                "source; default: CPython's pydoc topics).")
+    ] = None,
+    # -- real data and models (issue 22) --
+    tokenizer: Annotated[
+        str | None, typer.Option("--tokenizer", help="A tokenizer.json (Hugging Face tokenizers) for text --data; "
+                                                     "tokenized once and cached. Default: bytes (vocabulary 256).")
+    ] = None,
+    token_dtype: Annotated[
+        str, typer.Option("--token-dtype", help="Ids of a --data FILE.bin: uint16 (nanoGPT's layout) or uint32.")
+    ] = "uint16",
+    token_cache: Annotated[
+        str | None, typer.Option("--token-cache", help="Folder of the tokenized-data cache (default: token-cache "
+                                                       "beside --out).")
     ] = None,
     init_from: Annotated[
         str | None, typer.Option("--init-from", help="Start from this run's latest weights (fresh optimizer).")
@@ -177,6 +193,7 @@ def train_cmd(
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
             checkpoint_minutes=checkpoint_minutes, keep_checkpoints=keep_checkpoints, force=force,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet,
+            tokenizer_path=tokenizer, token_dtype=token_dtype, token_cache_dir=token_cache,
         )
         if launch.under_torchrun():
             from tfrun.worker import run_worker
@@ -259,7 +276,7 @@ def _caps(text: str) -> list[float]:
 
 @app.command("profile")
 def profile_cmd(
-    model: Annotated[str, typer.Option("--model", help="Model size (tfrun.model.MODELS).")] = "tiny",
+    model: Annotated[str, typer.Option("--model", help="Model size (tfrun.models.MODELS) or hf:DIR.")] = "tiny",
     stages: Annotated[
         int, typer.Option("--stages", help="Pipeline stages in the paper's sense, one per rank; the profile holds "
                                              "stages x stages-per-rank model chunks.")

@@ -58,7 +58,11 @@ class TrainConfig:
     max_stale_steps: int = 0
     """Unfreeze a tensor that got no gradient for this many steps (0 = off; tfrun.freezing Note [stale guard])."""
     model: str = "tiny"
-    """Named model size (tfrun.model.MODELS)."""
+    """Named model size (tfrun.models.MODELS) or `hf:DIR`, a Hugging Face LLaMA checkpoint folder (tfrun.models.hf;
+    made absolute by tfrun.setup)."""
+    model_hash: str | None = None
+    """hf: models: sha256 of the checkpoint's config.json (provenance compares it like a model name); set by
+    tfrun.setup and tfrun.profiling."""
     steps: int = 30
     """Optimizer steps to run (in all, counting resumed ones)."""
     seed: int = 0
@@ -98,7 +102,14 @@ class TrainConfig:
     data_path: str | None = None
     """Training text; None = CPython's pydoc topics."""
     data_hash: str | None = None
-    """sha256 of the training text; a resume refuses other data. Set by tfrun.setup."""
+    """sha256 of the training data (and of the tokenizer); a resume refuses other data. Set by tfrun.setup."""
+    tokenizer_path: str | None = None
+    """--tokenizer: a tokenizer.json the text data is tokenized with (tfrun.data.tokenized); None: bytes."""
+    token_dtype: str = "uint16"
+    """--token-dtype of a --data FILE.bin: uint16 or uint32 little-endian ids (tfrun.data.tokenfile)."""
+    token_cache: str | None = None
+    """Tokenized data: the cache entry's token file every rank reads (tfrun.data.tokenized Note [token cache]).
+    Set by tfrun.setup."""
     timing_warmup_steps: int = 1
     """Steps (after the ramp) left out of timing medians (the first step infers shapes)."""
     threads: int = 1
@@ -185,7 +196,7 @@ class TrainConfig:
     def check(self) -> None:
         """Validate the settings a user chooses (one clear line per problem)."""
         from tfrun.freezing import POLICIES
-        from tfrun.model import MODELS
+        from tfrun.models import model_config
 
         if self.freeze not in FREEZE_MODES:
             raise TfrunError(f"--freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}")
@@ -193,9 +204,7 @@ class TrainConfig:
             raise TfrunError(f"--freeze-policy must be one of {', '.join(POLICIES)}, got {self.freeze_policy!r}")
         if self.freeze_method not in ("detach", "grad"):
             raise TfrunError(f"--freeze-method must be detach or grad, got {self.freeze_method!r}")
-        if self.model not in MODELS:
-            raise TfrunError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
-        cfg = MODELS[self.model]
+        cfg = model_config(self.model)
         if cfg.n_layers < self.num_stages:
             raise TfrunError(
                 f"model {self.model} has {cfg.n_layers} layers, fewer than the plan's {self.num_stages} stages"

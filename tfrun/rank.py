@@ -28,7 +28,7 @@ from torch import nn
 from tfrun.config import PLANNED, TrainConfig
 from tfrun.errors import TfrunError
 from tfrun.freezing import Freezer, candidates
-from tfrun.model import MODELS, build_stage, loss_fn
+from tfrun.models import build, loss_fn
 from tfrun.runtime import StepState, build_schedule, make_stage
 from tfrun.timing import ActionTimer
 
@@ -116,9 +116,8 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
     """Build this process's rank for `config` (the process group is set up). `signal`: a baseline's, for the
     freezer (tfrun.baselines; the training loop passes tfrun.train.baseline_signal)."""
     pp_rank, dp_rank, pp_group, dp_group = layout(config)
-    cfg = MODELS[config.model]
     local = [s for s, r in enumerate(config.stage_to_rank) if r == pp_rank]
-    modules = {s: build_stage(cfg, s, config.num_stages, config.seed, device=device) for s in local}
+    modules = {s: build(config.model, s, config.num_stages, config.seed, device=device) for s in local}
     stage_candidates = {s: candidates(m) for s, m in modules.items()}
     freezer = Freezer(
         stage_candidates,
