@@ -4,6 +4,7 @@ Examples:
     tfrun train --plan plan.json --steps 30 --out runs/plan
     tfrun train --plan plan.json --freeze none --out runs/baseline
     tfrun profile --model tiny --stages 2 --microbatches 8 --output profile.json
+    tfrun export runs/plan --hf runs/plan-hf
 """
 
 from __future__ import annotations
@@ -327,6 +328,41 @@ def profile_cmd(
         if len(warnings) > 5:
             console.print(f"[yellow]warning:[/yellow] and {len(warnings) - 5} more (quality.warnings in {output})")
         Console(highlight=False).print(f"profile written to {output}")
+
+
+@app.command("export")
+def export_cmd(
+    run_dir: Annotated[str, typer.Argument(help="A `tfrun train` output folder.")],
+    hf_out: Annotated[str, typer.Option("--hf", help="Write a Hugging Face LLaMA folder here (new or empty).")],
+    step: Annotated[
+        int | None, typer.Option("--step", help="The checkpoint (steps completed); default: the newest that "
+                                                "verifies.")
+    ] = None,
+    max_shard_mb: Annotated[
+        float, typer.Option("--max-shard-mb", help="Shard the weights above this many MiB (default 5120).")
+    ] = 5120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Write a run's trained weights (every stage merged) as a Hugging Face folder: config.json and
+    safetensors (sharded with an index above --max-shard-mb) that transformers' from_pretrained loads.
+
+    Example: tfrun export runs/finetune --hf runs/finetune-hf
+    """
+    import dataclasses
+
+    from tfrun.models.export import export_hf
+
+    with user_errors(TfrunError):
+        result = export_hf(run_dir, hf_out, step=step, max_shard_bytes=int(max_shard_mb * 2**20))
+    if as_json:
+        print(json.dumps(dataclasses.asdict(result)))
+        return
+    console = Console(highlight=False, soft_wrap=True, stderr=True)
+    for line in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {line}")
+    Console(highlight=False, soft_wrap=True).print(
+        f"exported step {result.step} of {run_dir}: {result.num_params:,} parameters in {len(result.files)} "
+        f"file{'s' * (len(result.files) != 1)} to {result.out}", markup=False)
 
 
 def main() -> None:

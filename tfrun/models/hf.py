@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tfrun.errors import TfrunError
 from tfrun.models.llama import ModelConfig, ModelError
 from tfrun.models.rope import RopeScaling
 
@@ -161,7 +162,7 @@ def _rope(raw: dict[str, Any], path: Path) -> tuple[float, RopeScaling | None]:
                               low_freq_factor=float(params.get("low_freq_factor", 1.0)),
                               high_freq_factor=float(params.get("high_freq_factor", 4.0)),
                               original_max_seq_len=int(params.get("original_max_position_embeddings", 8192)))
-    except ModelError as exc:
+    except (TfrunError, TypeError, ValueError) as exc:
         raise ModelError(f"{path}: {exc}") from None
     return theta, scaling
 

@@ -56,30 +56,33 @@ class RopeScaling:
 # frequencies (wavelength above original / low_freq_factor) by `factor`; high frequencies (wavelength below
 # original / high_freq_factor) keep their value, and those between are blended linearly in original /
 # wavelength. This is Meta's reference `apply_scaling` and Hugging Face's "llama3" rope_type.
+#
+# Note [rope precision]: the tables are computed in float32, in the order of operations Hugging Face's LLaMA
+# uses, so that a checkpoint trained there sees exactly the angles it was trained with: our logits then equal
+# transformers' to the last bit (tests/test_hf.py). float64 tables differ by about 1e-7 in cos and sin, enough
+# to move logits of size 10 by 2e-5.
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
-    """f_i for i < head_dim / 2, float64, after the scaling (Note [llama3 rope])."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (head_dim/2,)
+    """f_i for i < head_dim / 2, float32, after the scaling (Notes [llama3 rope], [rope precision])."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling is None:
         return inv_freq
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
-    old = scaling.original_max_seq_len
+    old, low, high = scaling.original_max_seq_len, scaling.low_freq_factor, scaling.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
-    low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
-    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
-    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
-    out = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, blended, out)
+    scaled = torch.where(wavelen > old / low, inv_freq / scaling.factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return torch.where(medium, blended, scaled)
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float,
                 scaling: RopeScaling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, each (max_seq_len, head_dim / 2) float32 on the default device;
-    computed in float64 for accuracy."""
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64),
-                         inverse_frequencies(head_dim, theta, scaling))
-    return angles.cos().float(), angles.sin().float()
+    """cos and sin of the rotary angles, each (max_seq_len, head_dim / 2) float32 on the default device
+    (Note [rope precision])."""
+    angles = torch.outer(torch.arange(max_seq_len).float(), inverse_frequencies(head_dim, theta, scaling))
+    return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
