@@ -123,6 +123,10 @@ def train_cmd(
         str | None, typer.Option("--token-cache", help="Folder of the tokenized-data cache (default: token-cache "
                                                        "beside --out).")
     ] = None,
+    precision: Annotated[
+        str, typer.Option("--precision", help="auto (bf16 on CUDA, fp32 on CPU), fp32, or bf16: autocast compute "
+                                              "with float32 master weights and optimizer state.")
+    ] = "auto",
     init_from: Annotated[
         str | None, typer.Option("--init-from", help="Start from this run's latest weights (fresh optimizer).")
     ] = None,
@@ -194,7 +198,7 @@ def train_cmd(
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
             checkpoint_minutes=checkpoint_minutes, keep_checkpoints=keep_checkpoints, force=force,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet,
-            tokenizer_path=tokenizer, token_dtype=token_dtype, token_cache_dir=token_cache,
+            tokenizer_path=tokenizer, token_dtype=token_dtype, token_cache_dir=token_cache, precision=precision,
         )
         if launch.under_torchrun():
             from tfrun.worker import run_worker
@@ -303,6 +307,9 @@ def profile_cmd(
     threads: Annotated[int, typer.Option("--threads", help="Compute threads per rank (CPU).")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed.")] = 0,
     output: Annotated[str, typer.Option("--output", "-o", help="Profile JSON to write.")] = "profile.json",
+    precision: Annotated[
+        str, typer.Option("--precision", help="auto (bf16 on CUDA, fp32 on CPU), fp32 or bf16, as tfrun train.")
+    ] = "auto",
     work_dir: Annotated[
         str | None, typer.Option("--work-dir", help="Keep the measuring runs here (default: a temp folder).")
     ] = None,
@@ -316,7 +323,7 @@ def profile_cmd(
         prof = profiling.measure(
             model=model, num_ranks=stages, num_microbatches=microbatches, schedule=schedule,
             stages_per_rank=stages_per_rank, steps=steps, microbatch_size=microbatch_size, seq_len=seq_len,
-            threads=threads, seed=seed, work_dir=work_dir, repeat=repeat, dp=dp,
+            threads=threads, seed=seed, work_dir=work_dir, repeat=repeat, dp=dp, precision=precision,
         )
         from tfplan.fileio import write_json_atomic
 

@@ -107,6 +107,9 @@ class TrainConfig:
     """--tokenizer: a tokenizer.json the text data is tokenized with (tfrun.data.tokenized); None: bytes."""
     token_dtype: str = "uint16"
     """--token-dtype of a --data FILE.bin: uint16 or uint32 little-endian ids (tfrun.data.tokenfile)."""
+    precision: str = "auto"
+    """Compute dtype: fp32, bf16 (autocast; float32 master weights and optimizer state: tfrun.runtime Note
+    [autocast]) or auto (bf16 on CUDA, fp32 on CPU)."""
     token_cache: str | None = None
     """Tokenized data: the cache entry's token file every rank reads (tfrun.data.tokenized Note [token cache]).
     Set by tfrun.setup."""
@@ -151,6 +154,11 @@ class TrainConfig:
     def global_batch(self) -> int:
         """Sequences per step over every replica: dp x micro-batch size x M."""
         return self.dp * self.microbatch_size * self.num_microbatches
+
+    def compute_dtype(self, cuda: bool) -> str:
+        """The torch dtype name a forward computes in ("float32" or "bfloat16") on a CUDA device or not."""
+        bf16 = self.precision == "bf16" or self.precision == "auto" and cuda
+        return "bfloat16" if bf16 else "float32"
 
     def ratio_of(self, action: str) -> float:
         """The fixed ratio this run freezes `action` at: the plan's (plan), 0 (none), 1 (all); 0 under timely,
@@ -202,6 +210,8 @@ class TrainConfig:
             raise TfrunError(f"--freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}")
         if self.freeze_policy not in POLICIES:
             raise TfrunError(f"--freeze-policy must be one of {', '.join(POLICIES)}, got {self.freeze_policy!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise TfrunError(f"--precision must be auto, fp32 or bf16, got {self.precision!r}")
         if self.freeze_method not in ("detach", "grad"):
             raise TfrunError(f"--freeze-method must be detach or grad, got {self.freeze_method!r}")
         cfg = model_config(self.model)

@@ -11,6 +11,7 @@ Note [profile provenance]: a plan records the scalar fields of its profile's `so
   device            source.device (measured)  "cpu" or the CUDA device's name, compared case-insensitively
                     source.gpu (analytic)     must occur in the CUDA device's name ("h200" in "NVIDIA H200")
   threads           source.threads_per_rank   --threads, for profiles measured on a CPU
+  compute dtype     source.dtype (measured)   --precision as the run resolves it (float32 or bfloat16)
 Measured profiles record all of them, analytic ones the model, batch shape and GPU, hand profiles usually
 none (nothing is checked). A mismatch refuses the run with one line naming both sides; --force runs it and
 reports prediction_error null with the mismatch as prediction_note. The rule is the same for a --freeze
@@ -39,7 +40,7 @@ IDENTITY: tuple[tuple[str, str], ...] = (
     ("microbatch_size", "--microbatch-size"), ("seq_len", "--seq-len"), ("num_microbatches", "micro-batches per step"),
     ("lr", "--lr"), ("weight_decay", "weight decay"), ("redraw_every", "--redraw-every"),
     ("ramp_steps", "--ramp-steps"), ("grad_rescale", "--grad-rescale"), ("max_stale_steps", "--max-stale-steps"),
-    ("data_hash", "--data"), ("dp", "--dp"),
+    ("data_hash", "--data"), ("dp", "--dp"), ("precision", "--precision"),
     # --freeze timely only:
     ("max_freeze_ratio", "--max-freeze-ratio"), ("warmup_steps", "--warmup-steps"),
     ("monitor_steps", "--monitor-steps"), ("probe_steps", "--probe-steps"),
@@ -110,6 +111,9 @@ def profile_mismatch(source: dict[str, Any], config: TrainConfig, device: str) -
     threads = source.get("threads_per_rank") if (theirs_device or "").lower() == "cpu" else None
     if threads is not None and threads != config.threads:
         differ.append("threads")
+    dtype, ours_dtype = source.get("dtype"), config.compute_dtype(device.lower() != "cpu")
+    if isinstance(dtype, str) and dtype != ours_dtype:
+        differ.append(f"compute dtype ({dtype} vs {ours_dtype})")
     if not differ:
         return None
     shown = theirs_device or gpu

@@ -133,9 +133,11 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
     )
     # Records carry the pipeline rank: replicas time the same actions (tfrun.timing medians over them).
     timer, state = ActionTimer(pp_rank, device, measured=dp_rank == 0), StepState(freezing=config.freeze != "none")
+    dtype = config.compute_dtype(device.type == "cuda")
     stages = [
         make_stage(modules[s], s, config.num_stages, device, group=pp_group, freezer=freezer, timer=timer,
-                   state=state, method=config.freeze_method)
+                   state=state, method=config.freeze_method,
+                   autocast=getattr(torch, dtype) if dtype != "float32" else None)
         for s in local
     ]
     runtime = build_schedule(config.order, stages, config.num_microbatches, loss_fn, pp_rank, timer)
