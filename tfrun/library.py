@@ -90,8 +90,10 @@ class FreezeHooks:
         if sched.num_stages != num_stages or sched.num_microbatches != num_microbatches:
             raise TfrunError(f"{plan}: planned for {sched.num_stages} stages x {sched.num_microbatches} micro-batches, "
                              f"these stages are {num_stages} x {num_microbatches}")
-        if schedule_class is not None and torch_class is not None and torch_class.lower() != schedule_class.lower():
-            raise TfrunError(f"{plan}: planned for {torch_class} ({sched.name}), the loop runs {schedule_class}")
+        loop_class = (schedule_class or "").lower().removeprefix("schedule")
+        if schedule_class is not None and torch_class is not None and torch_class.lower() != loop_class:
+            raise TfrunError(f"{plan}: planned for torch's {torch_class} ({sched.name}), the loop runs "
+                             f"{schedule_class}")
         ratios = {(a.stage, a.mb): r for a, r in zip(p.dag.actions, p.ratios) if r > 0}
         return cls(stages, num_microbatches=num_microbatches, ratios=ratios, **kwargs)
 
