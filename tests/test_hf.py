@@ -119,6 +119,10 @@ def test_export_of_a_one_stage_tied_run_stays_tied(tmp_path):
         assert torch.equal(theirs[hf.hf_name(name)], p), name
     with pytest.raises(Exception, match="not an empty folder"):
         export_hf(str(run), str(tmp_path / "out"))
+    assert export_hf(str(run), str(tmp_path / "step1"), step=1).step == 1
+    with pytest.raises(Exception, match="checkpoint step 5: no such checkpoint"):
+        export_hf(str(run), str(tmp_path / "step5"), step=5)
+    assert not (tmp_path / "step5").exists()
 
 
 def _fake_checkpoint(run, states: dict) -> None:
