@@ -122,7 +122,10 @@ def export_hf(run_dir: str, out: str, *, step: int | None = None,
             the hf:DIR source's config.json gone. Nothing is written then; a partial export never appears
             under `out` (it is written beside it and renamed).
     """
-    from safetensors.torch import save_file
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise TfrunError("tfrun export needs the safetensors package: pip install 'timelyfreeze[hf]'") from None
 
     from tfrun.config import TrainConfig
     from tfrun.models import model_config

@@ -204,8 +204,10 @@ def weight_map(folder: Path) -> dict[str, str]:
 
 def _open(path: Path):
     """safetensors' lazy reader (memory-maps the file, reads a tensor's bytes only when asked for it)."""
-    import safetensors
-
+    try:
+        import safetensors
+    except ImportError:
+        raise ModelError("--model hf:DIR needs the safetensors package: pip install 'timelyfreeze[hf]'") from None
     try:
         return safetensors.safe_open(str(path), framework="pt", device="cpu")
     except Exception as exc:  # noqa: BLE001 - SafetensorError and OSError: a damaged or truncated file
