@@ -1,17 +1,26 @@
-"""The accuracy-vs-speed study (issue 12): pretrain once, fine-tune from the same weights with every method.
+"""The accuracy-vs-speed study (issues 12, 20, 21): every freezing method at the same seed, model, data and batch,
+compared at equal training time (wall time: tfrun compare), in two regimes.
 
-1. Pretrain the tiny model on the default corpus (CPython's pydoc topics) without freezing until its eval loss
-   has flattened (less than --flat relative improvement over the last 200 steps), cached in OUT/base.
-2. Fine-tune from those weights on a second domain (`--data stdlib`: Python source) with every method, same
-   seed, data and batch: none; the TimelyFreeze plan (1F1B, 8 micro-batches, solved from the shipped
-   measured profile) at cap 0.9 and at lower caps, with and without --grad-rescale; uniform freezing at the
-   plan's mean ratio; APF; AutoFreeze; both hybrids.
-3. `tfrun compare` over them: tokens/s, speedup, realised ratio, eval loss and gap, training time to reach
-   the unfrozen run's final eval loss; the table (JSON and text) and the curves (PNG) in OUT.
+Regimes (--regime):
+  finetune  the study of docs/results.md: pretrain the tiny model once (pydoc topics, no freezing, until the eval
+            loss flattens; cached in OUT/base), then fine-tune from those weights on a second domain (Python
+            source: --data stdlib), 1F1B, 8 micro-batches of 4 x 128 tokens (4,096 a step), 300 steps, lr 3e-4.
+            Its batch sits below the measured noise scale (docs/results.md).
+  scratch   early training from the random initialisation on pydoc topics, 1F1B, 16 micro-batches (8,192 tokens
+            a step), 100 steps, lr 1e-3: where the noise scale is small, so the batch is several times it.
+Methods (--methods): none; plan-C (the TimelyFreeze makespan plan at cap C from the shipped measured profile);
+uniform-0.9 (the cap-0.9 plan's mean ratio everywhere); apf; autofreeze; the hybrids; goodput (tfplan solve
+--objective goodput at cap 0.9 on the shipped profile with the noise scale measured, as a user would, by a
+20-step unfrozen run from the regime's starting weights: OUT/<regime>/seedS/noise-probe).
 
-    python benchmarks/accuracy_vs_speed.py --out runs/study                  # about 1.5 hours on 2 CPU cores
-    python benchmarks/accuracy_vs_speed.py --out runs/study --seeds 0,1,2    # more seeds: spread
-    python benchmarks/accuracy_vs_speed.py --out runs/study --methods none,plan-0.9 --steps 60   # a quick look
+For each regime and seed: `tfrun compare` (table, JSON, curves), the noise scale of the unfrozen run over its
+steps, APF's per-scalar statistic, and the learning model's prediction (tfplan.goodput: efficiency from each
+run's realised per-stage ratios and the unfrozen run's median noise scale, times the run's measured speedup)
+against the measured gap at equal time.
+
+    python benchmarks/accuracy_vs_speed.py --out runs/study                                   # finetune, seed 0
+    python benchmarks/accuracy_vs_speed.py --out runs/study --seeds 0,1 --methods none,plan-0.9,goodput
+    python benchmarks/accuracy_vs_speed.py --out runs/study --regime scratch --seeds 0,1
 """
 
 from __future__ import annotations
@@ -26,21 +35,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "profiles" / "tiny-cpu-2stages.json"
-MODEL, M, MB_SIZE, SEQ = "tiny", 8, 4, 128
-METHODS = {  # name -> (freeze mode, cap, extra options)
+MODEL, MB_SIZE, SEQ = "tiny", 4, 128
+REGIMES = {
+    "finetune": {"m": 8, "steps": 300, "lr": "3e-4", "eval_every": 25, "data": ["--data", "stdlib"], "base": True},
+    "scratch": {"m": 16, "steps": 100, "lr": "1e-3", "eval_every": 10, "data": [], "base": False},
+}
+METHODS = {  # name -> (freeze mode, cap, extra options); goodput: a plan solved with --objective goodput
     "none": ("none", 0.9, []),
     "plan-0.9": ("plan", 0.9, []),
     "plan-0.9-rescale": ("plan", 0.9, ["--grad-rescale"]),
     "plan-0.7": ("plan", 0.7, []),
+    "plan-0.6": ("plan", 0.6, []),
     "plan-0.5": ("plan", 0.5, []),
-    "plan-0.5-rescale": ("plan", 0.5, ["--grad-rescale"]),
     "plan-0.3": ("plan", 0.3, []),
     "uniform-0.9": ("uniform", 0.9, []),
     "apf": ("apf", 0.9, []),
     "autofreeze": ("autofreeze", 0.9, []),
     "timely+apf-0.9": ("timely+apf", 0.9, []),
     "timely+autofreeze-0.9": ("timely+autofreeze", 0.9, []),
+    "goodput": ("plan", 0.9, []),
 }
+DEFAULT_METHODS = "none,plan-0.3,plan-0.6,plan-0.9,uniform-0.9,apf,autofreeze,goodput"
 
 
 def run(cmd: list[str]) -> str:
@@ -57,9 +72,9 @@ def train(out: Path, plan: Path, freeze: str, steps: int, seed: int, extra: list
     return json.loads((out / "summary.json").read_text())
 
 
-def evals(folder: Path) -> list[tuple[int, float]]:
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r and "event" not in r]
+def rows(folder: Path) -> list[dict]:
+    return [r for r in (json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines())
+            if "event" not in r]
 
 
 def pretrain(out: Path, plan: Path, flat: float, max_steps: int, chunk: int = 200) -> Path:
@@ -76,7 +91,7 @@ def pretrain(out: Path, plan: Path, flat: float, max_steps: int, chunk: int = 20
             extra += ["--resume", str(base)]
         run(["tfrun", "train", "--plan", str(plan), "--freeze", "none", "--steps", str(steps), "--out", str(base),
              "--quiet", "--microbatch-size", str(MB_SIZE), "--seq-len", str(SEQ), "--lr", "1e-3", *extra])
-        points = evals(base)
+        points = [(r["step"], r["eval_loss"]) for r in rows(base) if "eval_loss" in r]
         if steps == chunk:
             steps += chunk
             continue
@@ -90,47 +105,168 @@ def pretrain(out: Path, plan: Path, flat: float, max_steps: int, chunk: int = 20
         steps += chunk
 
 
+def noise_profile(folder: Path, plan: Path, seed: int, start: list[str], regime: dict) -> Path:
+    """The shipped profile with the noise section a user would measure: 20 unfrozen steps from the regime's
+    starting weights, the noise scale at every step (tfrun.noise), its median per stage."""
+    probe = folder / "noise-probe"
+    summary = train(probe, plan, "none", 20, seed, [*start, "--noise-every", "1", "--lr", regime["lr"]])
+    prof = json.loads(PROFILE.read_text())
+    prof["schema_version"] = 3
+    prof["noise"] = {"noise_scale_tokens": summary["noise_scale_tokens"], "grad_sq_share": summary["grad_sq_share"],
+                     "microbatch_tokens": MB_SIZE * SEQ, "source": "measured",
+                     "note": f"20 unfrozen steps from the regime's start ({probe})"}
+    path = folder / "profile-noise.json"
+    path.write_text(json.dumps(prof, indent=1))
+    return path
+
+
+def predictions(folders: dict[str, Path], compared: dict, batch_tokens: float) -> str:
+    """The learning model's goodput for every run (efficiency from its realised per-stage ratios at the unfrozen
+    run's median noise scale, times its measured speedup) against its measured gap at equal time."""
+    from tfplan.goodput import NoiseModel, progress
+
+    none = json.loads((folders["none"] / "summary.json").read_text())
+    noise = NoiseModel(noise_scale_tokens=tuple(none["noise_scale_tokens"]),
+                       grad_sq_share=tuple(none["grad_sq_share"]), microbatch_tokens=MB_SIZE * SEQ, source="measured")
+    base = progress([0.0] * len(noise.grad_sq_share), batch_tokens, noise)
+    lines = [f"noise scale of the unfrozen run (median over its measured steps): "
+             f"{', '.join(f'{x:.0f}' for x in noise.noise_scale_tokens)} tokens per stage, |G|^2 shares "
+             f"{', '.join(f'{x:.2f}' for x in noise.grad_sq_share)}; batch {batch_tokens:.0f} tokens",
+             f"{'run':24s} {'ratios':>11s} {'efficiency':>10s} {'speedup':>8s} {'goodput':>8s} "
+             f"{'gap at equal time':>18s}  agree"]
+    table = []
+    for row in compared["runs"]:
+        name = Path(row["dir"]).name
+        ratios = row["freeze_ratio_per_stage"] or [0.0] * len(noise.grad_sq_share)
+        eff = progress(ratios, batch_tokens, noise) / base
+        good = eff * row["speedup"]
+        gap = row["eval_gap_same_time"]
+        agree = "-" if gap is None or name == "none" else ("yes" if (good > 1) == (gap < 0) else "no")
+        table.append((name, good, gap))
+        lines.append(f"{name:24s} {' '.join(f'{r:.2f}' for r in ratios):>11s} {eff:10.3f} {row['speedup']:8.3f} "
+                     f"{good:8.3f} {'-' if gap is None else f'{gap:+.2%}':>18s}  {agree}")
+    ranked = [(g, gap) for name, g, gap in table if gap is not None]
+    if len(ranked) >= 3:
+        lines.append(f"rank correlation (Spearman) of predicted goodput with the measured gain at equal time "
+                     f"(-gap): {_spearman([g for g, _ in ranked], [-gap for _, gap in ranked]):+.2f} over "
+                     f"{len(ranked)} runs")
+    return "\n".join(lines)
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    def ranks(x):
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        out = [0.0] * len(x)
+        for k, i in enumerate(order):
+            out[i] = float(k)
+        return out
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    return cov / (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+
+
+def noise_trajectory(folder: Path) -> str:
+    """The unfrozen run's smoothed noise scale per stage over its measured steps (every ~tenth)."""
+    measured = [r for r in rows(folder) if "noise_scale_tokens" in r]
+    picked = measured[:: max(1, len(measured) // 10)] + measured[-1:]
+    return "noise scale of the unfrozen run by step (tokens, per stage): " + "; ".join(
+        f"{r['step']}: {', '.join('-' if x is None else f'{x:.0f}' for x in r['noise_scale_tokens'])}" for r in picked)
+
+
+def apf_report(folder: Path, shares=(0.1, 0.2, 0.3, 0.5, 0.7, 0.9)) -> str:
+    """APF's per-scalar statistic over a run (freeze_stats.json): per check, the smallest, median and largest
+    share of stable scalars over the tensors, and for each tensor-level share the first check at which some
+    tensor reached it (what --apf-stable-share at that value would have frozen first)."""
+    tensors = json.loads((folder / "freeze_stats.json").read_text())["tensors"]
+    by_step: dict[int, list[float]] = {}
+    for t in tensors:
+        for step, share in t.get("apf_stable_share_history", []):
+            by_step.setdefault(int(step), []).append(share)
+    lines = ["APF per-scalar statistic (share of a tensor's scalars below the threshold), over the tensors:"]
+    steps = sorted(by_step)
+    for step in steps[:: max(1, len(steps) // 10)] + steps[-1:]:
+        v = sorted(by_step[step])
+        lines.append(f"  check after step {step + 1:4d}: min {v[0]:.3f}  median {statistics.median(v):.3f}  "
+                     f"max {v[-1]:.3f}  ({len(v)} tensors)")
+    for share in shares:
+        first = next((step for step in steps if max(by_step[step]) >= share), None)
+        reached = sum(1 for t in tensors if any(x >= share for _, x in t.get("apf_stable_share_history", [])))
+        lines.append(f"  a tensor-level share of {share:.1f}: first reached after step "
+                     f"{first + 1 if first is not None else '-'}, by {reached} of {len(tensors)} tensors in the run")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=300, help="fine-tuning steps per method")
+    ap.add_argument("--regime", default="finetune", choices=sorted(REGIMES))
+    ap.add_argument("--steps", type=int, default=None, help="steps per method (default: the regime's)")
     ap.add_argument("--seeds", default="0")
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--methods", default=DEFAULT_METHODS)
     ap.add_argument("--flat", type=float, default=0.01, help="pretraining stops below this gain per 200 steps")
     ap.add_argument("--max-pretrain", type=int, default=3000)
     args = ap.parse_args()
+    regime = REGIMES[args.regime]
+    m, steps = regime["m"], args.steps or regime["steps"]
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"accuracy vs speed, tiny model, 2 gloo ranks, 1F1B, M = {M}, {MB_SIZE} x {SEQ} tokens; load average "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
+    where = out / args.regime
+    where.mkdir(parents=True, exist_ok=True)
+    print(f"accuracy vs speed, {args.regime}: tiny model, 2 gloo ranks, 1F1B, M = {m}, {MB_SIZE} x {SEQ} tokens, "
+          f"{steps} steps; load average {os.getloadavg()[0]:.2f}", flush=True)
     plans = {}
     for cap in sorted({c for _, c, _ in METHODS.values()}):
-        plans[cap] = out / f"plan-{cap}.json"
+        plans[cap] = where / f"plan-{cap}.json"
         if not plans[cap].exists():
-            run(["tfplan", "solve", "-p", str(PROFILE), "-s", "1f1b", "-m", str(M), "-c", str(cap), "-o",
+            run(["tfplan", "solve", "-p", str(PROFILE), "-s", "1f1b", "-m", str(m), "-c", str(cap), "-o",
                  str(plans[cap]), "--json"])
-    base = pretrain(out, plans[0.9], args.flat, args.max_pretrain)
+    start = list(regime["data"])
+    if regime["base"]:
+        start += ["--init-from", str(pretrain(out, out / "plan-base.json" if (out / "plan-base.json").exists()
+                                              else plans[0.9], args.flat, args.max_pretrain))]
     for seed in (int(s) for s in args.seeds.split(",")):
-        folders = []
+        folders: dict[str, Path] = {}
         for name in args.methods.split(","):
             freeze, cap, extra = METHODS[name]
-            folder = out / f"seed{seed}" / name
-            train(folder, plans[cap], freeze, args.steps, seed,
-                  ["--data", "stdlib", "--init-from", str(base), "--eval-every", "25", *extra])
-            folders.append(str(folder))
+            plan = plans[cap]
+            if name == "goodput":
+                plan = where / f"seed{seed}" / "plan-goodput.json"
+                if not plan.exists():
+                    prof = noise_profile(where / f"seed{seed}", plans[cap], seed, start, regime)
+                    print(run(["tfplan", "solve", "-p", str(prof), "-s", "1f1b", "-m", str(m), "-c", str(cap),
+                               "--objective", "goodput", "-o", str(plan)]), flush=True)
+            folder = where / f"seed{seed}" / name
+            train(folder, plan, freeze, steps, seed,
+                  [*start, "--eval-every", str(regime["eval_every"]), "--lr", regime["lr"], *extra])
+            folders[name] = folder
             print(f"seed {seed} {name} done", flush=True)
-        table = run(["tfrun", "compare", *folders, "--plot", str(out / f"seed{seed}.png")])
-        (out / f"seed{seed}.txt").write_text(table)
-        (out / f"seed{seed}.json").write_text(run(["tfrun", "compare", *folders, "--json"]))
+            if freeze == "apf":
+                report = apf_report(folder)
+                (where / f"seed{seed}-{name}-apf.txt").write_text(report + "\n")
+                print(report, flush=True)
+        names = [str(f) for f in folders.values()]
+        table = run(["tfrun", "compare", *names, "--per-stage", "--plot", str(where / f"seed{seed}.png")])
+        compared = json.loads(run(["tfrun", "compare", *names, "--json"]))
+        (where / f"seed{seed}.txt").write_text(table)
+        (where / f"seed{seed}.json").write_text(json.dumps(compared, indent=1))
         print(table, flush=True)
-    seeds = [json.loads((out / f"seed{s}.json").read_text()) for s in args.seeds.split(",")]
+        if "none" in folders:
+            text = noise_trajectory(folders["none"]) + "\n" + predictions(folders, compared,
+                                                                           float(m * MB_SIZE * SEQ))
+            (where / f"seed{seed}-predictions.txt").write_text(text + "\n")
+            print(text, flush=True)
+    seeds = [json.loads((where / f"seed{s}.json").read_text()) for s in args.seeds.split(",")]
     if len(seeds) > 1:
         print("across seeds (median [min, max]):")
         for i, row in enumerate(seeds[0]["runs"]):
-            gaps = [s["runs"][i]["eval_gap"] for s in seeds]
+            gaps = [s["runs"][i]["eval_gap_same_time"] for s in seeds]
             speed = [s["runs"][i]["speedup"] for s in seeds]
+            if None in gaps:
+                continue
             print(f"  {Path(row['dir']).name:24s} speedup {statistics.median(speed):.3f} [{min(speed):.3f}, "
-                  f"{max(speed):.3f}]  eval gap {statistics.median(gaps):+.2%} [{min(gaps):+.2%}, {max(gaps):+.2%}]")
+                  f"{max(speed):.3f}]  gap at equal time {statistics.median(gaps):+.2%} [{min(gaps):+.2%}, "
+                  f"{max(gaps):+.2%}]")
 
 
 if __name__ == "__main__":

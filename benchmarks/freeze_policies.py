@@ -35,17 +35,12 @@ POLICIES = ("auto", "skip", "random", "prefix", "weighted")
 def make_plans(root: Path) -> dict[str, Path]:
     """lp: the LP's plan at cap 0.9; stress: every freezable action at 0.9 (valid at cap 0.9)."""
     from tfplan import job, plan
-    from tfplan.actions import FREEZABLE, parse_action
 
     spec = job.JobSpec(profile_path=str(PROFILE), schedule="1f1b", num_microbatches=M)
     lp = job.solve_job(spec, CAP)
     paths = {"lp": root / "plan-lp.json", "stress": root / "plan-stress.json"}
     plan.write(lp, paths["lp"])
-    obj = json.loads(paths["lp"].read_text())
-    for item in obj["actions"]:
-        if item["max_ms"] > item["min_ms"] and parse_action(item["action"]).kind in FREEZABLE:
-            item["freeze_ratio"] = CAP
-    paths["stress"].write_text(json.dumps(obj))
+    plan.write(plan.with_uniform_ratio(lp, CAP), paths["stress"])
     plan.load(paths["stress"])  # still a valid plan
     return paths
 

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tfplan import plan as plan_mod
 from tfplan.actions import FREEZABLE, parse_action
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +66,7 @@ def main() -> None:
              for name in ("anchored", "unanchored")}
     for name, path in plans.items():
         obj = json.loads(path.read_text())
-        stage0 = [a["freeze_ratio"] for a in obj["actions"] if (act := parse_action(a["action"])).stage == 0
+        stage0 = [r for a, r in plan_mod.load(path).ratio_of().items() if (act := parse_action(a)).stage == 0
                   and act.kind in FREEZABLE]
         print(f"{name:10s} plan: predicted {obj['predicted']['planned_ms']:.1f} ms; stage 0 ratios "
               f"{' '.join(f'{r:.2f}' for r in stage0)}")

@@ -67,9 +67,51 @@ def test_apf_periods_grow_additively_and_halve_when_unstable():
     assert [s for s in range(12, 20) if "swing" in apf.frozen(s, 0)] == list(range(12, 18))
     assert "steady" not in {n for s in range(12) for n in apf.frozen(s, 0)}
     apf.period[(0, "steady")] = 8
-    apf.accum[(0, "steady")] = torch.ones(1)
-    apf._check(13)  # unstable: the period halves
+    with torch.no_grad():
+        module.steady += 1.0
+    apf._check(13, {0: module})  # unstable: the period halves
     assert apf.period[(0, "steady")] == 4
+
+
+class Mixed(torch.nn.Module):
+    """One tensor of four scalars: three oscillate (+1, -1, ...), the fourth keeps moving up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(4))
+
+
+def test_apf_decides_per_scalar_and_freezes_a_tensor_by_its_share_of_stable_scalars():
+    # Checked every step with EMA 0.5: three scalars move +1, -1, +1, ... (perturbation 1, 1/3, 0.43, 0.33, ...
+    # -> 1/3: stable below 0.45 from the second check), the fourth +1 every step (perturbation 1). So 3 of 4
+    # scalars are stable (share 0.75), while the tensor's aggregate sum |EMA u| / sum EMA |u| is
+    # (3 x 0.25 + 0.75) / (3 x 0.75 + 0.75) = 0.5 at the second check: per tensor, APF would call it unstable.
+    for share, frozen_from in ((0.7, 2), (0.8, None)):
+        cands = {0: [Candidate(name="w", cost=1.0)]}
+        apf = APFSignal(cands, APFConfig(threshold=0.45, ema=0.5, check_every=1, stable_share=share))
+        module = Mixed()
+        frozen = []
+        for step in range(8):
+            apf.before_optimizer(step, {0: module})
+            if apf.frozen(step, 0):
+                frozen.append(step)
+            else:
+                with torch.no_grad():
+                    module.w += torch.tensor([1.0, 1.0, 1.0, 0.0]) * (1.0 if step % 2 == 0 else -1.0)
+                    module.w[3] += 1.0
+            apf.after_optimizer(step, {0: module})
+        assert (frozen[0] if frozen else None) == frozen_from
+        if frozen_from is None:
+            assert apf.stable_share[(0, "w")] == 0.75 and apf.perturbation[(0, "w")] < 0.45
+
+
+def test_apf_snapshots_once_per_check_not_every_step():
+    apf, module = _apf(check_every=4)
+    for step in range(3):  # no check yet: the snapshot is still the start's value
+        _step(apf, module, step)
+    assert apf.snapshot[(0, "steady")].item() == 0.0 and not apf.stable_share
+    _step(apf, module, 3)  # the check: a new interval starts from the value now
+    assert apf.snapshot[(0, "steady")].item() == 4.0 and apf.perturbation[(0, "steady")] == 1.0
 
 
 def test_apf_state_round_trip_gives_the_same_future():
@@ -105,6 +147,24 @@ def test_autofreeze_freezes_front_to_back_below_the_median_rate_and_never_thaws(
     assert af.frozen_front == 2  # never thaws, and freezes only below the threshold
     af.decide({"layers.1": 3.0, "layers.2": 1.0, "head": 1.9})  # rates 1.0, 0.029, 0: median 0.029
     assert af.frozen_front == 2  # layers.1 is the next layer and it is not stable
+
+
+def test_autofreeze_takes_the_norm_of_the_gradient_accumulated_over_the_interval():
+    cands = {0: [Candidate(name="layers.0.w", cost=1.0), Candidate(name="head.weight", cost=1.0)]}
+    af = AutoFreezeSignal(cands, ["layers.0", "head"], AutoFreezeConfig(percentile=50.0, check_every=2),
+                          num_microbatches=4)
+    module = torch.nn.Module()
+    module.layers = torch.nn.ModuleList([torch.nn.Module()])
+    module.layers[0].w = torch.nn.Parameter(torch.zeros(2))
+    module.head = torch.nn.Module()
+    module.head.weight = torch.nn.Parameter(torch.zeros(2))
+    grads = [([3.0, 0.0], [1.0, 1.0]), ([-1.0, 0.0], [1.0, 1.0])]
+    for step, (w, h) in enumerate(grads):
+        module.layers[0].w.grad, module.head.weight.grad = torch.tensor(w), torch.tensor(h)
+        # step 1: the head was frozen in 2 of 4 micro-batches (a hybrid), so its sum counts twice
+        af.before_optimizer(step, {0: module}, {(0, "head.weight"): 2} if step == 1 else {})
+    # mean of (3, 0) and (-1, 0) is (1, 0): norm 1 (one step's would say 3 or 1); the head's (1, 1), (2, 2)
+    assert af.prev == pytest.approx({"layers.0": 1.0, "head": 1.5 * 2 ** 0.5}) and not af.accum
 
 
 def test_a_baseline_freezes_the_same_tensors_in_every_microbatch():

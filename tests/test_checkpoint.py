@@ -164,3 +164,9 @@ def test_fuzzed_indexes_raise_only_tfrun_errors(obj) -> None:
         checkpoint.index_from_dict(obj)
     except TfrunError:
         pass
+
+
+def test_a_huge_world_size_is_refused_at_once() -> None:
+    # found by the fuzzer above: the check built the set of 10**12 expected names (10 GB, minutes)
+    with pytest.raises(TfrunError, match=r"^index\.files: must name rank0\.pt \.\. rank999999999999\.pt"):
+        checkpoint.index_from_dict(INDEX | {"world_size": 10**12})

@@ -13,7 +13,9 @@ from tests.conftest import torch_or_skip
 
 
 def _run_dir(root: Path, name: str, freeze: str, step_ms: float, evals: dict[int, float], ratio: float = 0.0,
-             **config) -> Path:
+             wall_ms: list[float] | None = None, **config) -> Path:
+    """A run folder as tfrun writes it: every step `step_ms` of compute and `wall_ms[step]` of wall time (None:
+    a run written before wall_ms existed), 8 x 4 x 128 = 4096 tokens a step, evaluations at the given steps."""
     folder = root / name
     folder.mkdir()
     cfg = {"model": "tiny", "data_path": None, "seed": 0, "microbatch_size": 4, "seq_len": 128,
@@ -24,8 +26,10 @@ def _run_dir(root: Path, name: str, freeze: str, step_ms: float, evals: dict[int
     for step in range(max(evals) + 1):
         row = {"step": step, "loss": 3.0 - 0.01 * step, "step_time_ms": step_ms, "tokens_per_s": 4096 / step_ms * 1e3,
                "freeze_ratio": [ratio / 2, ratio * 1.5], "timed": True}
+        if wall_ms is not None:
+            row |= {"wall_ms": wall_ms[step], "tokens": 4096}
         if step in evals:
-            row["eval_loss"] = evals[step]
+            row |= {"eval_loss": evals[step], "eval_ms": 999.0}  # evaluation time never counts
         rows.append(row)
     rows.insert(3, {"event": "phase", "phase": "stable", "step": 3, "time": 0.0})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -36,31 +40,52 @@ def _run_dir(root: Path, name: str, freeze: str, step_ms: float, evals: dict[int
 
 
 def _runs(tmp_path: Path) -> list[Path]:
+    # none: 500 ms steps, 20 ms between them. timely: 400 ms steps, but its first five steps spend 200 ms more
+    # each between steps (solving, drift checks): faster per step than its whole run. apf: 450 ms + 30 ms.
     return [
-        _run_dir(tmp_path, "none", "none", 500.0, {4: 2.0, 9: 1.5}),
-        _run_dir(tmp_path, "timely", "timely", 400.0, {4: 1.9, 9: 1.4}, ratio=0.4),  # reaches 1.5 at step 9
-        _run_dir(tmp_path, "apf", "apf", 450.0, {4: 2.2, 9: 1.6}, ratio=0.2),
+        _run_dir(tmp_path, "none", "none", 500.0, {4: 2.0, 9: 1.5}, wall_ms=[520.0] * 10),
+        _run_dir(tmp_path, "timely", "timely", 400.0, {4: 1.9, 9: 1.4}, ratio=0.4, wall_ms=[600.0] * 5 + [410.0] * 5),
+        _run_dir(tmp_path, "apf", "apf", 450.0, {4: 2.2, 9: 1.6}, ratio=0.2, wall_ms=[480.0] * 10),
     ]
 
 
-def test_table_json_and_time_to_target(tmp_path):
+def test_training_time_is_wall_time_and_speedup_is_tokens_over_it(tmp_path):
     from tfrun import compare
 
     runs = [compare.load_run(p) for p in _runs(tmp_path)]
     result = compare.compare(runs, compare.pick_baseline(runs, None))
     assert result["baseline"].endswith("none") and result["target_eval_loss"] == 1.5
     none, timely, apf = result["runs"]
-    assert none["speedup"] == 1.0 and timely["speedup"] == pytest.approx(1.25)
-    assert timely["method"] == "timely cap 0.9" and apf["method"] == "apf"
-    assert none["time_to_target_s"] == pytest.approx(10 * 0.5)  # 10 steps of 500 ms, eval at step 9
-    assert timely["time_to_target_s"] == pytest.approx(10 * 0.4)  # 1.4 at step 9 (1.9 at step 4 is not yet)
+    # hand-computed: none 10 x 0.52 s = 5.2 s; timely 5 x 0.6 + 5 x 0.41 = 5.05 s; apf 10 x 0.48 = 4.8 s
+    assert [r["training_s"] for r in (none, timely, apf)] == pytest.approx([5.2, 5.05, 4.8])
+    assert none["tokens"] == timely["tokens"] == 40960 and none["tokens_per_s"] == pytest.approx(40960 / 5.2)
+    assert none["speedup"] == pytest.approx(1.0)
+    assert timely["speedup"] == pytest.approx(5.2 / 5.05) and apf["speedup"] == pytest.approx(5.2 / 4.8)
+    assert timely["step_speedup"] == pytest.approx(1.25) and apf["step_speedup"] == pytest.approx(500 / 450)
+    assert timely["method"] == "timely cap 0.9" and apf["method"] == "apf" and timely["wall_time"]
+    # time to target 1.5: none reaches it at its last evaluation (5.2 s), timely at its last (5.05 s: 1.9 at
+    # step 4 is not yet below it), apf never (1.6)
+    assert none["time_to_target_s"] == pytest.approx(5.2) and timely["time_to_target_s"] == pytest.approx(5.05)
     assert apf["time_to_target_s"] is None and apf["eval_gap"] == pytest.approx(0.1 / 1.5)
     assert timely["mean_freeze_ratio"] == pytest.approx(0.4)  # mean over stages (0.2, 0.6) and steps
-    # equal time: timely ends after 4.0 s, when none (evals at 2.5 s: 2.0 and 5.0 s: 1.5) was at 1.7
-    assert timely["baseline_eval_at_same_time"] == pytest.approx(1.7)
-    assert timely["eval_gap_same_time"] == pytest.approx((1.4 - 1.7) / 1.7)
-    assert none["eval_gap_same_time"] == 0.0
-    assert apf["baseline_eval_at_same_time"] == pytest.approx(1.6)  # after 4.5 s
+    # equal time: none's evaluations are at 2.6 s (2.0) and 5.2 s (1.5); after timely's 5.05 s it was at
+    # 2.0 - 0.5 x 2.45 / 2.6 = 1.528846..., after apf's 4.8 s at 2.0 - 0.5 x 2.2 / 2.6 = 1.576923...
+    assert timely["baseline_eval_at_same_time"] == pytest.approx(1.5288461538)
+    assert timely["eval_gap_same_time"] == pytest.approx((1.4 - 1.5288461538) / 1.5288461538)
+    assert apf["baseline_eval_at_same_time"] == pytest.approx(1.5769230769)
+    assert apf["eval_gap_same_time"] == pytest.approx((1.6 - 1.5769230769) / 1.5769230769)
+
+
+def test_runs_without_wall_time_count_their_step_times_and_say_so(tmp_path):
+    from tfrun import compare
+
+    old = compare.load_run(_run_dir(tmp_path, "old", "none", 500.0, {4: 2.0, 9: 1.5}))
+    new = compare.load_run(_run_dir(tmp_path, "new", "plan", 400.0, {9: 1.6}, wall_ms=[450.0] * 10))
+    result = compare.compare([old, new], old)
+    first, second = result["runs"]
+    assert not first["wall_time"] and first["training_s"] == pytest.approx(5.0) and second["wall_time"]
+    assert first["tokens"] == 40960  # 4 x 8 x 128 per step from the run's config
+    assert second["speedup"] == pytest.approx(5.0 / 4.5) and second["step_speedup"] == pytest.approx(1.25)
 
 
 def test_loss_at_interpolates_between_evaluations_and_never_extrapolates():
@@ -85,7 +110,7 @@ def test_the_command_line_prints_writes_json_and_a_png(tmp_path):
     assert [Path(r["dir"]).name for r in data["runs"]] == ["none", "timely", "apf"]
     for row, folder in zip(data["runs"], dirs):  # consistent with each run's summary.json
         summary = json.loads((Path(folder) / "summary.json").read_text())
-        assert row["tokens_per_s"] == summary["tokens_per_s"]
+        assert row["step_tokens_per_s"] == summary["tokens_per_s"]
         assert row["final_eval_loss"] == summary["final_eval_loss"]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     human = CliRunner().invoke(app, ["compare", *dirs, "--per-stage"])

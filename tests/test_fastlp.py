@@ -21,9 +21,11 @@ from tests.conftest import PROFILES
 from tfplan import dag as dag_mod
 from tfplan import fastlp, lp, profile, schedules, solver
 from tfplan.errors import TfplanError
-from tfplan.fastlp_glop import solve_glop
-from tfplan.fastlp_graph import GraphArrays, Runs
-from tfplan.fastlp_lp import Compressed, Phase, tied_dual, tied_primal
+from tfplan.fastlp import phases
+from tfplan.fastlp.glop import solve_glop
+from tfplan.fastlp.graph import GraphArrays, Runs
+from tfplan.fastlp.margins import Margins
+from tfplan.fastlp.tied import Compressed, Phase, tied_dual, tied_primal
 from tfplan.profile import Profile, StageCost
 from tfplan.simulate import simulate
 
@@ -153,7 +155,7 @@ def test_margin_grows_until_the_bounds_meet() -> None:
     # from margin 0 the tied primal is above the tied dual, and the margin must grow until they meet.
     dag = dag_mod.build(schedules.generate("1f1b", 6, 60), profile.uniform(6))
     ref = solver.solve(dag, 0.9)
-    got = fastlp._solve(dag, 0.9, None, first_margin=0, margin=0)
+    got = fastlp.solve(dag, 0.9, None, first_margin=0, margin=0)
     for mine, theirs, rel in zip(got.phases, ref.phases, (PHASE1_REL, PHASE2_REL, PHASE3_REL)):
         assert mine.objective == pytest.approx(theirs.objective, rel=rel)
 
@@ -162,13 +164,13 @@ def test_plan_retries_end_with_the_best_plan(monkeypatch, caplog) -> None:
     # Note [LP tolerance]: a plan whose re-simulated makespan looks too long is re-solved (tighter
     # tolerance, then the full LP); if none fits, the shortest is kept with a warning. Make every plan
     # look too long to run all of that.
-    real = fastlp.simulate
+    real = phases.simulate
 
     def too_long(d, durations=None):
         sim = real(d, durations)
         return SimpleNamespace(start_ms=sim.start_ms, makespan_ms=2 * sim.makespan_ms)
 
-    monkeypatch.setattr(fastlp, "simulate", too_long)
+    monkeypatch.setattr(phases, "simulate", too_long)
     dag = dag_mod.build(schedules.generate("1f1b", 3, 30), _random_profile(3, seed=11))
     with caplog.at_level(logging.WARNING, logger="tfplan.fastlp"):
         _assert_agrees(dag, 0.9)
@@ -300,9 +302,9 @@ def _phase_lps(dag: dag_mod.Dag, caps: float, margin: int):
 
 @pytest.mark.parametrize(("name", "p", "m", "v"), COMPRESSED, ids=[c[0] for c in COMPRESSED])
 def test_safe_bound_is_below_the_optimum_and_tight(name: str, p: int, m: int, v: int | None) -> None:
-    # fastlp_bound: L from the tied dual's solution is a lower bound on the true optimum; where U meets it
+    # tfplan.fastlp.bound: L from the tied dual's solution is a lower bound on the true optimum; where U meets it
     # within GAP_TOL (certified), it is the optimum to that tolerance. Windows only tighten it.
-    from tfplan.fastlp_bound import Windows, from_tied_dual, safe_lower_bound
+    from tfplan.fastlp.bound import Windows, from_tied_dual, safe_lower_bound
 
     sched = schedules.generate(name, p, m, v)
     dag = dag_mod.build(sched, _random_profile(sched.num_stages, seed=17, p2p_ms=0.05))
@@ -319,7 +321,7 @@ def test_safe_bound_is_below_the_optimum_and_tight(name: str, p: int, m: int, v:
 
 def test_a_perturbed_dual_still_gives_a_lower_bound() -> None:
     # Weak duality holds for any dual vector: noise (even negative values, clipped) only loosens the bound.
-    from tfplan.fastlp_bound import from_tied_dual, safe_lower_bound
+    from tfplan.fastlp.bound import from_tied_dual, safe_lower_bound
 
     dag = dag_mod.build(schedules.generate("interleaved-1f1b", 2, 24, 2), _random_profile(4, seed=5, p2p_ms=0.1))
     rng = np.random.default_rng(0)
@@ -336,8 +338,8 @@ def test_a_perturbed_dual_still_gives_a_lower_bound() -> None:
 
 def test_untied_primal_duals_certify_the_full_lp() -> None:
     # Without ties the tied primal is the full LP and its own row duals give the safe bound.
-    from tfplan.fastlp_bound import from_primal_duals, safe_lower_bound
-    from tfplan.fastlp_graph import Ties
+    from tfplan.fastlp.bound import from_primal_duals, safe_lower_bound
+    from tfplan.fastlp.graph import Ties
 
     dag = dag_mod.build(schedules.generate("zbv", 2, 6, 2), _random_profile(4, seed=9, p2p_ms=0.1))
     for phase, c, opt in _phase_lps(dag, 0.6, 0):
@@ -356,17 +358,17 @@ def test_time_limit_returns_a_feasible_plan_with_its_gap(monkeypatch, caplog) ->
     from tfplan import plan as plan_mod
 
     out_of_time = {"now": False}
-    grow = fastlp.Margins.grow
+    grow = Margins.grow
 
     def grow_and_expire(self, margin):
         out_of_time["now"] = True
         return grow(self, margin)
 
-    monkeypatch.setattr(fastlp.Margins, "grow", grow_and_expire)
+    monkeypatch.setattr(Margins, "grow", grow_and_expire)
     monkeypatch.setattr(lp.Deadline, "remaining", lambda self: -1.0 if out_of_time["now"] else 1e6)
     dag = dag_mod.build(schedules.generate("1f1b", 6, 60), profile.uniform(6))
     with caplog.at_level(logging.WARNING, logger="tfplan.fastlp"):
-        sol = fastlp._solve(dag, 0.9, None, first_margin=2, margin=0, time_limit_s=5.0)
+        sol = fastlp.solve(dag, 0.9, None, time_limit_s=5.0, first_margin=2, margin=0)
     assert "time limit of 5 s stopped the solve" in caplog.text
     assert sol.status == "FEASIBLE" and sol.time_limit_s == 5.0
     assert [p.status for p in sol.phases] == ["OPTIMAL", "FEASIBLE"]  # phase 1 certified at margin 2, phase 2 not
@@ -393,7 +395,7 @@ def test_a_target_just_below_the_optimum_needs_no_full_lp(monkeypatch) -> None:
     def no_growth(self, margin):
         raise AssertionError("the margin grew")
 
-    monkeypatch.setattr(fastlp.Margins, "grow", no_growth)
+    monkeypatch.setattr(Margins, "grow", no_growth)
     got = fastlp.solve(dag, 0.9, target_makespan_ms=best.makespan_ms * (1 - 0.5e-9))
     assert got.status == "OPTIMAL"
     assert [p.objective for p in got.phases] == pytest.approx([p.objective for p in best.phases], rel=1e-12)

@@ -85,10 +85,12 @@ ALLOWANCES = st.integers(1, 12).flatmap(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(1, 1000), min_size=1, max_size=25), ALLOWANCES, st.randoms(use_true_random=False))
-def test_rotation_never_spends_more_than_earned_and_covers_every_tensor(costs, allowance, rng):
+@given(st.lists(st.integers(1, 1000), min_size=1, max_size=25), ALLOWANCES, st.randoms(use_true_random=False),
+       st.booleans())
+def test_rotation_never_spends_more_than_earned_and_covers_every_tensor(costs, allowance, rng, by_priority):
     order = rng.sample(range(len(costs)), len(costs))
-    cells = rotate(costs, order, allowance)
+    priority = [rng.random() for _ in costs] if by_priority else None  # Note [goodput order]: the same guarantees
+    cells = rotate(costs, order, allowance, priority)
     total = sum(costs)
     largest = max(costs) / total
     for j in range(len(allowance[0])):
@@ -229,6 +231,32 @@ class _Ticking:
         self.now = state["now"]
 
 
+class _Noise:
+    """A noise meter whose per-tensor estimates change every step (as tfrun.noise's moving averages do)."""
+
+    def __init__(self):
+        self.now = 0
+
+    def tensor_estimates(self, stage):
+        return {f"p{i}": (1.0 + (i * 7 + self.now) % 5, 100.0 * (1 + (i + self.now) % 3)) for i in range(8)}
+
+
+def test_the_goodput_policy_keeps_the_most_valuable_tensors_learning_most():
+    stages = {1: _items([10] * 8)}
+    noise = _Noise()
+    f = Freezer(stages, {(1, j): 0.75 for j in range(4)}, num_microbatches=4, seed=0, redraw_every=5,
+                policy="goodput", noise=noise, batch_tokens=1000.0)
+    estimates = noise.tensor_estimates(1)
+    value = {n: 1000 * t / (1000 + t / g) ** 2 for n, (g, t) in estimates.items()}  # per unit of equal costs
+    steps = _run(f, range(5))
+    unfrozen = {n: sum(n not in cells[(1, j)].names for cells in steps for j in range(4)) for n in value}
+    assert all(count >= 1 for count in unfrozen.values())  # every tensor learns in the window
+    best, worst = max(value, key=value.get), min(value, key=value.get)
+    assert unfrozen[best] > unfrozen[worst]
+    realised = sum(cells[(1, j)].share for cells in steps for j in range(4)) / 20
+    assert realised <= 0.75 + 1e-9
+
+
 @pytest.mark.parametrize("policy", [*POLICIES, "hybrid"])
 def test_resume_from_state_equals_uninterrupted(policy):
     stages = {0: _items([3, 5, 8, 13, 21]), 1: _items([1, 2, 3, 5, 8, 13])}
@@ -238,15 +266,17 @@ def test_resume_from_state_equals_uninterrupted(policy):
 
     def make():
         if policy != "hybrid":
-            return Freezer(stages, ratios, **kw)
+            return Freezer(stages, ratios, **kw, noise=_Noise(), batch_tokens=500.0)
         return Freezer(stages, ratios, **kw, signal=_Ticking(), hybrid=True)
 
-    def run(f, steps):  # the signal moves on after every step, as a baseline's check does
+    def run(f, steps):  # the signal and the noise estimates move on after every step
         out = []
         for step in steps:
             out += _run(f, range(step, step + 1))
             if f.signal is not None:
                 f.signal.now += 1
+            if f.noise is not None:
+                f.noise.now = step + 1
         return out
 
     whole = run(make(), range(23))
@@ -254,6 +284,8 @@ def test_resume_from_state_equals_uninterrupted(policy):
     head = run(first, range(13))  # 13: in the middle of a window, after the signal moved
     second = make()
     second.load_state_dict(first.state_dict())
+    if second.noise is not None:  # the meter's own state comes back from the checkpoint too
+        second.noise.now = 13
     tail = run(second, range(13, 23))
     assert head + tail == whole
 

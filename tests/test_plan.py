@@ -43,6 +43,26 @@ def plan_obj(hetero_plan) -> dict:
     return json.loads(json.dumps(plan_mod.to_dict(hetero_plan)))
 
 
+def _as_version_2(obj: dict) -> dict:
+    """A version-3 plan object as tfplan wrote it in version 2 (issue 9 to issue 23): one object per action
+    with its name, rank, ratio, planned start and duration and both costs, instead of the ratio table."""
+    plan = plan_mod.from_dict(obj)
+    dag = plan.dag
+    sim = simulate(dag, dag.durations(list(plan.ratios)))
+    old = {k: v for k, v in copy.deepcopy(obj).items() if k != "freeze_ratio"} | {"schema_version": 2}
+    old["actions"] = [
+        {"action": str(a), "rank": dag.rank[v], "freeze_ratio": plan.ratios[v], "start_ms": sim.start_ms[v],
+         "duration_ms": sim.end_ms[v] - sim.start_ms[v], "max_ms": dag.d_max[v], "min_ms": dag.d_min[v]}
+        for v, a in enumerate(dag.actions)
+    ]
+    return json.loads(json.dumps(old))
+
+
+@pytest.fixture
+def plan_obj_v2(plan_obj) -> dict:
+    return _as_version_2(plan_obj)
+
+
 @pytest.mark.parametrize(("schedule", "m"), [("1f1b", 8), ("interleaved-zb", 6), ("zbv", 5), ("dualpipev", 4)])
 def test_write_load_round_trip(tmp_path, schedule: str, m: int) -> None:
     plan = _plan(schedule, m, caps=0.7)
@@ -70,7 +90,7 @@ def test_write_load_round_trip(tmp_path, schedule: str, m: int) -> None:
 
 def test_plan_json_contents(hetero_plan, plan_obj) -> None:
     obj = plan_obj
-    assert obj["schema_version"] == 2
+    assert obj["schema_version"] == 3
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", obj["created"])
     sched = obj["schedule"]
     assert (sched["name"], sched["num_ranks"], sched["num_stages"], sched["num_microbatches"]) == ("1f1b", 4, 4, 8)
@@ -79,12 +99,16 @@ def test_plan_json_contents(hetero_plan, plan_obj) -> None:
     assert obj["profile"]["hash"].startswith("sha256:")
     assert obj["max_freeze_ratio"] == [0.9] * 4
     assert set(obj["predicted"]) >= {"no_freeze_ms", "planned_ms", "all_frozen_ms", "speedup"}
-    assert len(obj["actions"]) == hetero_plan.dag.num_nodes == 64
-    for item in obj["actions"]:
-        assert set(item) >= {"action", "rank", "freeze_ratio", "start_ms", "duration_ms"}
-        assert int(item["action"][0]) == item["rank"]  # 1F1B: stage s on rank s
-        if item["action"][1] in "FI":
-            assert item["freeze_ratio"] == 0.0
+    assert "actions" not in obj  # Note [compact plan]: no per-action objects
+    # One ratio per (stage, micro-batch): that of its B action (1F1B has no I/W); F actions have none.
+    table = obj["freeze_ratio"]
+    assert len(table) == 4 and all(len(row) == 8 for row in table)
+    dag = hetero_plan.dag
+    for v, a in enumerate(dag.actions):
+        if a.kind == "B":
+            assert table[a.stage][a.mb] == hetero_plan.ratios[v]
+        else:
+            assert hetero_plan.ratios[v] == 0.0
     assert obj["solver"]["status"] == "OPTIMAL"
     assert [p["name"] for p in obj["solver"]["phases"]] == ["makespan", "total_freeze", "even_spread"]
     assert [p["gap"] for p in obj["solver"]["phases"]] == [None] * 3  # GLOP: its own OPTIMAL (Note [LP certificate])
@@ -92,25 +116,46 @@ def test_plan_json_contents(hetero_plan, plan_obj) -> None:
     assert obj["solver"]["time_limit_s"] == lp.DEFAULT_TIME_LIMIT_S
     # The stated per-stage mean is the mean of the listed ratios over each stage's freezable actions.
     for s in range(4):
-        ratios = [a["freeze_ratio"] for a in obj["actions"] if a["action"].startswith(f"{s}B")]
-        assert obj["mean_freeze_ratio"][s] == pytest.approx(sum(ratios) / len(ratios), abs=1e-12)
+        assert obj["mean_freeze_ratio"][s] == pytest.approx(sum(table[s]) / len(table[s]), abs=1e-12)
         assert obj["mean_freeze_ratio"][s] <= 0.9 + 1e-7
 
 
 def test_simulator_reproduces_planned_ms_from_the_file(hetero_plan, plan_obj) -> None:
+    # Version 3 keeps no timeline (Note [compact plan]): the ratio table and the stage costs give it back.
     dag = hetero_plan.dag
-    by_name = {a["action"]: a for a in plan_obj["actions"]}
-    durations = [by_name[str(a)]["duration_ms"] for a in dag.actions]
-    sim = simulate(dag, durations)
+    table = plan_obj["freeze_ratio"]
+    ratios = [table[a.stage][a.mb] if a.kind in "BW" else 0.0 for a in dag.actions]
+    sim = simulate(dag, dag.durations(ratios))
     predicted = plan_obj["predicted"]
     assert sim.batch_time_ms == pytest.approx(predicted["planned_ms"], rel=1e-9)
+    # The plan's makespan is the LP's (within the solver's tolerances).
+    assert predicted["planned_ms"] == pytest.approx(plan_obj["solver"]["lp_makespan_ms"], rel=1e-8)
+
+
+def test_version_2_plans_still_load(hetero_plan, plan_obj_v2) -> None:
+    # A version-2 file's timeline is what re-simulating its ratios gives, and it loads to the same plan.
+    dag = hetero_plan.dag
+    by_name = {a["action"]: a for a in plan_obj_v2["actions"]}
+    sim = simulate(dag, [by_name[str(a)]["duration_ms"] for a in dag.actions])
+    assert sim.batch_time_ms == pytest.approx(plan_obj_v2["predicted"]["planned_ms"], rel=1e-9)
     for v, a in enumerate(dag.actions):
         item = by_name[str(a)]
         assert sim.start_ms[v] == pytest.approx(item["start_ms"], rel=1e-9, abs=1e-12)
-        hi, lo = dag.d_max[v], dag.d_min[v]
-        assert item["duration_ms"] == pytest.approx(hi - item["freeze_ratio"] * (hi - lo), rel=1e-9, abs=1e-12)
-    # The plan's makespan is the LP's (within the solver's tolerances).
-    assert predicted["planned_ms"] == pytest.approx(plan_obj["solver"]["lp_makespan_ms"], rel=1e-8)
+    loaded = plan_mod.from_dict(plan_obj_v2)
+    assert loaded.ratios == hetero_plan.ratios and loaded.predicted == hetero_plan.predicted
+    assert loaded.solver == hetero_plan.solver
+
+
+def test_a_plan_file_is_compact(tmp_path) -> None:
+    # Note [compact plan]: a ratio per (stage, micro-batch) instead of an object per action; at 4 x 64 the file
+    # is under a fifth of version 2's, and it holds each number once.
+    plan = _plan("1f1b", 64)
+    plan_mod.write(plan, tmp_path / "plan.json")
+    v2 = tmp_path / "v2.json"
+    v2.write_text(json.dumps(_as_version_2(json.loads((tmp_path / "plan.json").read_text())), indent=1))
+    size, old = (tmp_path / "plan.json").stat().st_size, v2.stat().st_size
+    assert size < old / 5, (size, old)
+    assert plan_mod.load(v2).ratios == plan_mod.load(tmp_path / "plan.json").ratios == plan.ratios
 
 
 def test_predictions(hetero_plan) -> None:
@@ -199,6 +244,11 @@ def _freeze_all_of_stage_0(obj: dict) -> None:
             item["freeze_ratio"] = 1.0
 
 
+def _v2(mutate):
+    """A mutation of the version-2 form of the plan (the per-action list of versions 1-2)."""
+    return lambda o: mutate(_as_version_2(o))
+
+
 BAD_PLANS = [
     ("missing schedule", lambda o: _drop(o, "schedule"), r"^schedule: missing required field"),
     (
@@ -213,42 +263,68 @@ BAD_PLANS = [
     ),
     (
         "ratio above 1",
-        lambda o: _edit(o, lambda x: x["actions"][9].__setitem__("freeze_ratio", 1.5)),
+        _v2(lambda o: _edit(o, lambda x: x["actions"][9].__setitem__("freeze_ratio", 1.5))),
         r"^actions\[9\]\.freeze_ratio: must be in \[0, 1\], got 1\.5",
     ),
     (
         "negative ratio",
-        lambda o: _edit(o, lambda x: x["actions"][3].__setitem__("freeze_ratio", -0.1)),
+        _v2(lambda o: _edit(o, lambda x: x["actions"][3].__setitem__("freeze_ratio", -0.1))),
         r"^actions\[3\]\.freeze_ratio: must be in \[0, 1\], got -0\.1",
     ),
     (
         "ratio not a number",
-        lambda o: _edit(o, lambda x: x["actions"][2].__setitem__("freeze_ratio", "0.5")),
+        _v2(lambda o: _edit(o, lambda x: x["actions"][2].__setitem__("freeze_ratio", "0.5"))),
         r"^actions\[2\]\.freeze_ratio: wrong type str",
     ),
-    ("missing actions", lambda o: _drop(o, "actions"), r"^actions: missing required field"),
+    ("missing actions", _v2(lambda o: _drop(o, "actions")), r"^actions: missing required field"),
     (
         "an action left out",
-        lambda o: _edit(o, lambda x: x["actions"].pop(5)),
+        _v2(lambda o: _edit(o, lambda x: x["actions"].pop(5))),
         r"^actions: must list every scheduled action once \(missing \['\d[FB]\d'\]",
     ),
     (
         "an action twice",
-        lambda o: _edit(o, lambda x: x["actions"].append(dict(x["actions"][0]))),
+        _v2(lambda o: _edit(o, lambda x: x["actions"].append(dict(x["actions"][0])))),
         r"^actions\[64\]\.action: 0F0 listed twice",
     ),
     (
         "action missing its name",
-        lambda o: _edit(o, lambda x: x["actions"][4].pop("action")),
+        _v2(lambda o: _edit(o, lambda x: x["actions"][4].pop("action"))),
         r"^actions\[4\]\.action: missing required field",
     ),
     (
         "mean above cap",
-        lambda o: _edit(o, _freeze_all_of_stage_0),
+        _v2(lambda o: _edit(o, _freeze_all_of_stage_0)),
         r"^mean_freeze_ratio: stage 0 freezes 1 on average, above its cap 0\.9",
     ),
-    ("schema_version 3", lambda o: o | {"schema_version": 3}, r"^schema_version: must be 1 or 2, got 3"),
-    ("schema_version missing", lambda o: _drop(o, "schema_version"), r"^schema_version: must be 1 or 2, got null"),
+    ("schema_version 4", lambda o: o | {"schema_version": 4}, r"^schema_version: must be 1, 2 or 3, got 4"),
+    ("schema_version missing", lambda o: _drop(o, "schema_version"), r"^schema_version: must be 1, 2 or 3, got null"),
+    (
+        "table ratio above 1",
+        lambda o: _edit(o, lambda x: x["freeze_ratio"][1].__setitem__(3, 1.5)),
+        r"^freeze_ratio\[1\]\[3\]: must be in \[0, 1\], got 1\.5",
+    ),
+    (
+        "table ratio not a number",
+        lambda o: _edit(o, lambda x: x["freeze_ratio"][2].__setitem__(0, "0.5")),
+        r"^freeze_ratio\[2\]\[0\]: must be a number, got \"0\.5\"",
+    ),
+    (
+        "table row too short",
+        lambda o: _edit(o, lambda x: x["freeze_ratio"][3].pop()),
+        r"^freeze_ratio\[3\]: must list one ratio per micro-batch \(8\)",
+    ),
+    (
+        "table without a stage",
+        lambda o: _edit(o, lambda x: x["freeze_ratio"].pop()),
+        r"^freeze_ratio: must have one row per stage \(4\), got 3",
+    ),
+    ("missing ratio table", lambda o: _drop(o, "freeze_ratio"), r"^freeze_ratio: missing required field"),
+    (
+        "table mean above cap",
+        lambda o: _edit(o, lambda x: x["freeze_ratio"].__setitem__(0, [1.0] * 8)),
+        r"^mean_freeze_ratio: stage 0 freezes 1 on average, above its cap 0\.9",
+    ),
     (
         "solver phase missing its objective",
         lambda o: _edit(o, lambda x: x["solver"]["phases"][2].pop("objective")),
@@ -352,14 +428,25 @@ def test_load_missing_file_and_invalid_json(tmp_path) -> None:
 
 
 def test_plan_schema_version_true_is_rejected(plan_obj) -> None:
-    with pytest.raises(TfplanError, match="^schema_version: must be 1 or 2"):
+    with pytest.raises(TfplanError, match="^schema_version: must be 1, 2 or 3"):
         plan_mod.from_dict(plan_obj | {"schema_version": True})
 
 
-def test_ratios_of_fixed_actions_are_rejected_on_load(plan_obj) -> None:
-    plan_obj["actions"][0]["freeze_ratio"] = 0.5  # 0F0 cannot be frozen
+def test_ratios_of_fixed_actions_are_rejected_on_load(plan_obj_v2) -> None:
+    plan_obj_v2["actions"][0]["freeze_ratio"] = 0.5  # 0F0 cannot be frozen
     with pytest.raises(TfplanError, match="0F0 has freeze_ratio 0.5, but freezing cannot shorten it"):
-        plan_mod.from_dict(plan_obj)
+        plan_mod.from_dict(plan_obj_v2)
+
+
+def test_table_ratios_of_unfreezable_actions_are_rejected_on_load() -> None:
+    # Version 3 lists only B and W actions; one whose frozen time equals its unfrozen time cannot be frozen.
+    stiff = profile.uniform(2, name="stiff", backward_frozen_ms=2.0)
+    d = dag_mod.build(schedules.generate("1f1b", 2, 4), stiff)
+    obj = json.loads(json.dumps(plan_mod.to_dict(plan_mod.make_plan(d, solver.solve(d, 0.9), [0.9, 0.9], stiff))))
+    assert obj["freeze_ratio"] == [[0.0] * 4] * 2
+    obj["freeze_ratio"][1][2] = 0.5
+    with pytest.raises(TfplanError, match=r"^freeze_ratio\[1\]\[2\]: 1B2 has freeze_ratio 0.5, but freezing cannot"):
+        plan_mod.from_dict(obj)
 
 
 def test_target_speedup_must_be_a_number(plan_obj) -> None:
@@ -369,8 +456,8 @@ def test_target_speedup_must_be_a_number(plan_obj) -> None:
 
 
 def _as_version_1(obj: dict) -> dict:
-    """A version-2 plan object as tfplan wrote it before issue 9: no gaps, no time limit."""
-    obj = copy.deepcopy(obj) | {"schema_version": 1}
+    """A version-3 plan object as tfplan wrote it before issue 9: per-action list, no gaps, no time limit."""
+    obj = _as_version_2(obj) | {"schema_version": 1}
     obj["solver"].pop("time_limit_s")
     for phase in obj["solver"]["phases"]:
         phase.pop("gap")

@@ -85,8 +85,8 @@ BAD = [
         1.5,
         "stages[2].backward_weight_frozen_ms: must be <= backward_weight_ms (1), got 1.5",
     ),
-    ("schema 3", "schema_version", 3, "schema_version: must be one of (1, 2), got 3"),
-    ("schema string", "schema_version", "1", 'schema_version: must be one of (1, 2), got "1"'),
+    ("schema 4", "schema_version", 4, "schema_version: must be one of (1, 2, 3), got 4"),
+    ("schema string", "schema_version", "1", 'schema_version: must be one of (1, 2, 3), got "1"'),
     ("stages not a list", "stages", {"0": STAGE}, "stages: must be a non-empty list"),
     ("stages empty", "stages", [], "stages: must be a non-empty list"),
     ("stage not an object", "stages[1]", [1, 2, 3], "stages[1]: must be an object, got list"),
@@ -162,7 +162,50 @@ def test_version_2_round_trip_with_dispatch_tails_and_quality() -> None:
     prof = profile.from_dict(_valid_v2())
     assert prof.dispatch_ms == 0.3 and prof.stages[0].tail_ms == 1.5 and prof.quality["replay_gap"] == -0.04
     assert profile.from_dict(json.loads(json.dumps(prof.to_dict()))) == prof
-    assert prof.to_dict()["schema_version"] == 2
+    assert prof.to_dict()["schema_version"] == 3 and "noise" not in prof.to_dict()
+
+
+NOISE = {"noise_scale_tokens": [1800.0, 2400.0], "grad_sq_share": [0.25, 0.75], "microbatch_tokens": 512,
+         "source": "measured"}
+
+
+def test_version_3_round_trip_with_a_noise_section() -> None:
+    obj = _valid_v2() | {"schema_version": 3, "noise": NOISE}
+    obj["source"] = {"microbatch_size": 4, "seq_len": 128}
+    prof = profile.from_dict(obj)
+    assert prof.noise.noise_scale_tokens == (1800.0, 2400.0) and prof.noise.microbatch_tokens == 512
+    assert profile.from_dict(json.loads(json.dumps(prof.to_dict()))) == prof
+    with pytest.raises(TfplanError, match=r"^noise: unknown field|^schema_version"):
+        profile.from_dict(_valid_v2() | {"noise": NOISE})  # a version-2 profile has no noise section
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"noise_scale_tokens": [1.0, -5.0]}, r"^noise\.noise_scale_tokens\[1\]: must be a finite number >= 0, got -5"),
+    ({"noise_scale_tokens": [1.0, float("nan")]}, r"^noise\.noise_scale_tokens\[1\]: must be a finite number"),
+    ({"noise_scale_tokens": [1.0]}, r"^noise\.noise_scale_tokens: must list 2 numbers"),
+    ({"grad_sq_share": [0.5, 0.6]}, r"^noise\.grad_sq_share: must sum to 1"),
+    ({"microbatch_tokens": 256}, r"^noise\.microbatch_tokens: measured for micro-batches of 256 tokens, but"),
+    ({"source": "guess"}, r"^noise\.source: must be one of measured, given"),
+    ({"batch": 3}, r"^noise\.batch: unknown field"),
+])
+def test_a_bad_noise_section_names_the_field(change, message) -> None:
+    obj = _valid_v2() | {"schema_version": 3, "noise": NOISE | change}
+    obj["source"] = {"microbatch_size": 4, "seq_len": 128}
+    with pytest.raises(TfplanError, match=message):
+        profile.from_dict(obj)
+    missing = _valid_v2() | {"schema_version": 3, "noise": {k: v for k, v in NOISE.items() if k != "source"}}
+    with pytest.raises(TfplanError, match=r"^noise\.source: missing required field"):
+        profile.from_dict(missing)
+
+
+def test_a_per_layer_noise_section_sums_into_stages() -> None:
+    from tfplan.goodput import NoiseModel
+
+    layers = NoiseModel(noise_scale_tokens=(100.0, 300.0, 1000.0), grad_sq_share=(0.5, 0.25, 0.25),
+                        microbatch_tokens=8, source="given")
+    stages = layers.for_stages([2, 1])
+    # stage 0: |G|^2 share 0.75, tr(Sigma) share 0.5 x 100 + 0.25 x 300 = 125 -> noise 125 / 0.75
+    assert stages.grad_sq_share == (0.75, 0.25) and stages.noise_scale_tokens == pytest.approx((125 / 0.75, 1000.0))
 
 
 def test_version_1_still_loads_and_lacks_the_new_fields() -> None:

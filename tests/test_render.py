@@ -226,3 +226,18 @@ def test_gantt_panel_count_is_bounded_with_a_near_zero_action() -> None:
     durations[dag.actions.index(Action(0, "B", 0))] = 0.005  # 5 us in a 33 ms step
     panels = render.gantt_panels(dag, simulate(dag, durations), 120)
     assert len(panels) <= dag.num_nodes  # never more windows than actions to label
+
+
+@pytest.mark.parametrize(("name", "p", "m", "width"), [("1f1b", 4, 300, 60), ("interleaved-zb", 2, 64, 90),
+                                                        ("dualpipev", 2, 40, 200), ("1f1b", 4, 8, 120)])
+def test_timeline_paints_what_painting_every_action_paints(monkeypatch, name, p, m, width) -> None:
+    # render._painters leaves out the one-column blocks that the next block of their rank paints over (most
+    # of them at a million actions): the text and colours must be those of painting every action in order.
+    dag = _dag(name, p, m)
+    sim = simulate(dag, dag.durations(0.37))
+    spans = [None, (0.0, sim.makespan_ms / 3), (sim.makespan_ms / 5, sim.makespan_ms / 2)]
+    fast = [render.timeline(dag, sim, width, span) for span in spans]
+    monkeypatch.setattr(render, "_painters", lambda d, *args: range(d.num_nodes))
+    for span, got in zip(spans, fast):
+        want = render.timeline(dag, sim, width, span)
+        assert got.plain == want.plain and _styles(got) == _styles(want)

@@ -148,3 +148,28 @@ def test_a_solve_out_of_time_is_a_skipped_row(monkeypatch) -> None:
     assert [r.skipped for r in rows] == ["--time-limit: no feasible plan within 7.5 s (fastlp); raise the limit"] * 2
     with pytest.raises(TfplanError, match="--time-limit: must be a positive number of seconds"):
         sweep.sweep(UNIFORM, ["1f1b"], [4], [0.5], time_limit_s=-1.0)
+
+
+def test_with_a_noise_scale_every_row_says_what_freezing_is_worth_in_learning(tmp_path):
+    import json
+
+    from tfplan import profile as profile_mod
+    from tfplan.sweep import sweep, to_csv
+
+    path = tmp_path / "p.json"
+    prof = profile_mod.uniform(2, forward_ms=10.0, backward_ms=20.0, backward_frozen_ms=10.0)
+    path.write_text(json.dumps(prof.to_dict() | {"source": {"kind": "hand", "microbatch_size": 2, "seq_len": 64}}))
+    rows = sweep(str(path), ["1f1b"], [4, 16], [0.5, 0.9], noise_scale=[1000.0])
+    for r in rows:
+        assert r.batch_tokens == r.num_microbatches * 128
+        # freezing costs learning (efficiency < 1), and the goodput plan is at least as good as the makespan
+        # plan and as no freezing (a plan too)
+        assert r.goodput < r.speedup and r.best_goodput >= max(1.0, r.goodput) - 1e-9
+    assert "best_goodput" in to_csv(rows).splitlines()[0]
+    # without noise a plan's goodput is its speedup, and the best is the fastest plan's
+    for r in sweep(str(path), ["1f1b"], [4], [0.5, 0.9], noise_scale=[0.0]):
+        assert r.goodput == pytest.approx(r.speedup) and r.best_goodput == pytest.approx(r.speedup)
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(prof.to_dict()))
+    with pytest.raises(TfplanError, match=r"^--noise-scale: profile 'uniform' does not say its micro-batch shape"):
+        sweep(str(bare), ["1f1b"], [4], [0.5], noise_scale=[1000.0])

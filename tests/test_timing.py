@@ -31,3 +31,37 @@ def test_step_durations_keep_the_last_complete_steps_to_the_microsecond():
     for j, a in enumerate(full["actions"]):  # the table's columns have the run's medians
         assert abs(statistics.median(row[j] for row in full["ms"].values()) - medians[a]["duration_ms"]) < 1e-3
     assert step_durations([]) == {"actions": [], "ms": {}}
+
+
+def test_the_timer_keeps_the_newest_steps_and_reads_a_window_of_them():
+    torch = torch_or_skip()
+    from tfrun.timing import ActionTime, ActionTimer
+
+    timer = ActionTimer(0, torch.device("cpu"), kept_steps=3)
+    timer.enabled = True
+    for step in range(5):
+        timer.begin_step(step)
+        timer.time(f"0F{step}", lambda: None)
+        timer.span("optimizer", lambda: None)
+        timer.end_step()
+    assert [r.step for r in timer.records] == [2, 3, 4] and [r.step for r in timer.spans] == [2, 3, 4]
+    records, spans = timer.window(3, 5)
+    assert [r.action for r in records] == ["0F3", "0F4"] and [s.step for s in spans] == [3, 4]
+    assert timer.window(0, 2) == ([], [])  # dropped
+    timer.restore([ActionTime(0, "0F0", 0, 0.0, 1.0)], [])  # a resume puts its measuring steps back
+    assert [r.action for r in timer.window(0, 1)[0]] == ["0F0"]
+
+
+def test_the_wall_clock_adds_up_to_the_elapsed_time_less_what_was_excluded(monkeypatch):
+    from tfrun import wallclock
+
+    now = [100.0]
+    monkeypatch.setattr(wallclock.time, "perf_counter", lambda: now[0])
+    clock = wallclock.WallClock()
+    now[0] += 0.5  # a step's compute and its between-step work
+    _, eval_ms = clock.excluded(lambda: now.__setitem__(0, now[0] + 2.0))  # an evaluation of 2 s
+    now[0] += 0.25
+    first = clock.close()
+    now[0] += 0.125  # a checkpoint after the row closed counts in the next row
+    second = clock.close()
+    assert eval_ms == 2000.0 and first == 750.0 and second == 125.0

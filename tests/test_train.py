@@ -41,14 +41,9 @@ def _tfrun(*args: str, env: dict | None = None, timeout: float = 240) -> subproc
 def _stress_plan(tmp_path: Path, ratio: float = 0.9) -> Path:
     """A valid plan at cap `ratio` that freezes every backward action at exactly `ratio` (issue 9's check)."""
     from tfplan import plan
-    from tfplan.actions import FREEZABLE, parse_action
 
-    obj = json.loads(_plan(tmp_path).read_text())
-    for item in obj["actions"]:
-        if parse_action(item["action"]).kind in FREEZABLE and item["max_ms"] > item["min_ms"]:
-            item["freeze_ratio"] = ratio
     path = tmp_path / "plan-stress.json"
-    path.write_text(json.dumps(obj))
+    plan.write(plan.with_uniform_ratio(plan.load(_plan(tmp_path)), ratio), path)
     plan.load(path)
     return path
 
@@ -71,6 +66,13 @@ def full_run(plan_path, tmp_path_factory) -> tuple[Path, subprocess.CompletedPro
 
 def _losses(out: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _noise(out: Path) -> list:
+    """The noise-scale estimates of the measured steps (--noise-every 5: steps 0 and 5), which carry the
+    moving averages of every measured step before them (tfrun.noise: checkpointed)."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["noise_scale_tokens"], r["grad_sq"]) for r in rows if "noise_scale_tokens" in r]
 
 
 @pytest.mark.slow
@@ -178,6 +180,7 @@ def test_a_rank_sigkilled_mid_step_ends_the_job_fast_and_the_resume_is_exact(pla
     resumed = _tfrun(*args, "--resume", str(out))
     assert resumed.returncode == 0, resumed.stderr
     assert _losses(out) == _losses(full_run[0])
+    assert [s for s, _, _ in _noise(out)] == [0, 5] and _noise(out) == _noise(full_run[0])  # resumed from step 4
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ from tfplan.cli_options import (  # noqa: F401 - out and user_errors are also tf
     JsonOpt,
     LayersPerStageOpt,
     MicrobatchesOpt,
+    Objective,
     ProfileOpt,
     RanksOpt,
     ScheduleCsvOpt,
@@ -228,11 +229,20 @@ def solve_cmd(
                      help="Keep one stage-0 backward unfrozen, so that tfrun can freeze prefixes there (time linear "
                           "in the ratio) while the whole stage still trains (tfplan.job Note [stage-0 anchor])."),
     ] = True,
+    objective: Annotated[
+        Objective,
+        typer.Option("--objective", help="makespan: the fastest plan within the caps. goodput: the most predicted "
+                                         "learning per second (needs the profile's noise section; freezes nothing "
+                                         "when freezing does not pay at this batch)."),
+    ] = Objective.makespan,
 ) -> None:
     """Solve the TimelyFreeze LP: a freeze ratio per (stage, micro-batch) action that minimises the step time
-    under the per-stage cap on the mean freeze ratio.
+    under the per-stage cap on the mean freeze ratio; or, with --objective goodput, that maximises predicted
+    learning per second (tfplan.goodput).
 
-    Example: tfplan solve -p profiles/toy-uniform-4.json -s 1f1b -m 8 -c 0.9 -o plan.json
+    Examples:
+      tfplan solve -p profiles/toy-uniform-4.json -s 1f1b -m 8 -c 0.9 -o plan.json
+      tfplan solve -p measured.json -s 1f1b -m 8 -c 0.9 --objective goodput -o plan.json
     """
     from tfplan import plan as plan_mod
     from tfplan.job import solve_job
@@ -241,7 +251,7 @@ def solve_cmd(
         spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp,
                         dp_link)
         plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup, solver_backend.value, time_limit,
-                             stage0_anchor)
+                             stage0_anchor, objective.value)
         csv_path = plan_mod.write(plan_obj, output) if output else None
         if as_json:
             print(json.dumps(plan_json(plan_obj) | {"output": output, "schedule_csv": str(csv_path or "") or None}))
@@ -256,16 +266,24 @@ def solve_cmd(
 def show_cmd(
     plan_path: Annotated[str, typer.Argument(help="A plan JSON written by `tfplan solve`.")],
     trace: Annotated[str | None, typer.Option("--trace", help="Write the planned timeline as a Chrome trace.")] = None,
+    profile: Annotated[
+        str | None, typer.Option("--profile", "-p", help="Evaluate the plan's predicted goodput with this profile's "
+                                                        "noise section (any plan, whatever it was solved for).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a saved plan: predicted speedup, per-stage ratios, heat map and timelines.
+    """Show a saved plan: predicted speedup (and goodput), per-stage ratios, heat map and timelines.
 
-    Example: tfplan show plan.json --trace plan-trace.json
+    Examples:
+      tfplan show plan.json --trace plan-trace.json
+      tfplan show plan.json --profile measured.json --json
     """
     from tfplan import plan as plan_mod
 
     with user_errors():
         plan_obj = plan_mod.load(plan_path)
+        if profile is not None:
+            plan_obj = with_goodput(plan_obj, profile)
         if trace:
             dag = plan_obj.dag
             sim = simulate_mod.simulate(dag, dag.durations(list(plan_obj.ratios)))
@@ -276,6 +294,27 @@ def show_cmd(
         render_plan(plan_obj, out(), title=f"{plan_path}: {plan_title(plan_obj)}")
         if trace:
             out().print(f"trace written to {trace} (open in https://ui.perfetto.dev)")
+
+
+def with_goodput(plan_obj, profile_path: str):
+    """The plan with its goodput evaluated on `profile_path`'s noise section (tfplan.goodput)."""
+    import dataclasses
+
+    from tfplan import goodput
+    from tfplan import profile as profile_mod
+
+    prof = profile_mod.load(profile_path)
+    sched = plan_obj.schedule
+    noise = prof.stage_noise(sched.num_stages)
+    if noise is None:
+        raise TfplanError(f"{profile_path}: no noise section to evaluate goodput with: measure it (tfplan profile) "
+                          "or give it (tfplan profile --analytic ... --noise-scale N)")
+    batch = float(prof.dp * sched.num_microbatches * noise.microbatch_tokens)
+    objective = plan_obj.goodput.objective if plan_obj.goodput is not None else "makespan"
+    p = plan_obj.predicted
+    record = goodput.plan_goodput(objective, noise, batch, plan_obj.mean_ratio_per_stage(), p.planned_ms,
+                                  p.no_freeze_ms)
+    return dataclasses.replace(plan_obj, goodput=record)
 
 
 @app.command("whatif")
@@ -295,14 +334,23 @@ def whatif_cmd(
     dp_link: DpLinkOpt = None,
     csv_out: Annotated[str | None, typer.Option("--csv", help="Write the table as CSV here.")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of speedup against cap per schedule.")] = None,
+    noise_scale: Annotated[
+        str | None, typer.Option("--noise-scale", help="The gradient noise scale in tokens (one value, or one per "
+                                                       "stage or layer of the profile), instead of the profile's "
+                                                       "noise section: adds predicted goodput to every row.")
+    ] = None,
     as_json: JsonOpt = False,
     solver_backend: SolverOpt = Backend.auto,
     time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S,
 ) -> None:
     """What-if sweep on a laptop: every schedule x micro-batch count x cap, with the naive uniform-freezing
-    baseline at the same mean ratio.
+    baseline at the same mean ratio; with a noise scale (the profile's, or --noise-scale), each row's
+    predicted goodput and the best goodput at that cap and batch: does freezing pay at my batch?
 
-    Example: tfplan whatif -p profiles/toy-hetero-4.json --schedules 1f1b,gpipe -m 4,8,16 --caps 0.3,0.6,0.9
+    Examples:
+      tfplan whatif -p profiles/toy-hetero-4.json --schedules 1f1b,gpipe -m 4,8,16 --caps 0.3,0.6,0.9
+      tfplan whatif -p profiles/llama3.1-8b-h200-4stages.json --schedules 1f1b -m 8,32 --dp 1,8 \\
+          --dp-link ib --noise-scale 100000 --plot goodput.png
     """
     from rich.progress import Progress
 
@@ -338,6 +386,7 @@ def whatif_cmd(
                 time_limit_s=time_limit,
                 dps=dps,
                 dp_link=dp_link,
+                noise_scale=split_list(noise_scale, "--noise-scale", float) if noise_scale else None,
             )
         if csv_out:
             write_text_atomic(csv_out, sweep_mod.to_csv(rows))

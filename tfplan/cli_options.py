@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from tfplan.errors import TfplanError
-from tfplan.job import AUTO_FASTLP_ACTIONS, BACKENDS, JobSpec
+from tfplan.job import AUTO_FASTLP_ACTIONS, BACKENDS, OBJECTIVES, JobSpec
 
 ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Profile JSON (per stage or per layer).")]
 ScheduleOpt = Annotated[str | None, typer.Option("--schedule", "-s", help="Named schedule (see `tfplan schedules`).")]
@@ -37,6 +37,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on 
 
 Backend = StrEnum("Backend", {name: name for name in BACKENDS})
 """--solver choices: tfplan.job.BACKENDS."""
+Objective = StrEnum("Objective", {name: name for name in OBJECTIVES})
+"""--objective choices: tfplan.job.OBJECTIVES."""
 
 
 SolverOpt = Annotated[

@@ -62,6 +62,19 @@ def profile_cmd(
         int, typer.Option("--dp", help="Measured: with this many data-parallel replicas (their gradient reduction "
                                        "lands in the tails; the profile's dp).", min=1)
     ] = 1,
+    init_from: Annotated[
+        str | None, typer.Option("--init-from", help="Measured: from this tfrun run's latest weights (the noise scale "
+                                                     "depends on them: profile a fine-tuning job at its checkpoint).")
+    ] = None,
+    data: Annotated[str | None, typer.Option("--data", help="Measured: training text, or 'stdlib'.")] = None,
+    noise_scale: Annotated[
+        str | None, typer.Option("--noise-scale", help="Analytic: the gradient noise scale in tokens (one value, or "
+                                                       "one per stage), for --objective goodput.")
+    ] = None,
+    grad_sq_share: Annotated[
+        str | None, typer.Option("--grad-sq-share", help="Analytic: each stage's share of |G|^2 (one per stage, "
+                                                         "summing to 1; default equal).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Make a profile: measured inside the pipeline by tfrun (needs torch), or --analytic from a cost model.
@@ -86,10 +99,15 @@ def profile_cmd(
                 prof = profile_mod.split_profile(
                     prof, stages * (stages_per_rank or 1), parse_int_list(layers_per_stage, "--layers-per-stage")
                 )
+            if noise_scale is not None:
+                prof = given_noise(prof, noise_scale, grad_sq_share, microbatch_size * seq_len)
             write_json_atomic(output, prof.to_dict())
         else:
+            if noise_scale is not None or grad_sq_share is not None:
+                raise TfplanError("--noise-scale and --grad-sq-share are for --analytic profiles: a measured "
+                                  "profile measures its noise scale")
             prof = measure_profile(output, model or "tiny", stages, stages_per_rank, microbatches, schedule, steps,
-                                   microbatch_size, seq_len, repeat, dp)
+                                   microbatch_size, seq_len, repeat, dp, init_from, data)
         if as_json:
             print(json.dumps(prof.to_dict()))
             return
@@ -118,6 +136,34 @@ def profile_cmd(
         if len(quality.get("warnings", [])) > 8:
             console.print(f"[yellow]warning:[/yellow] and {len(quality['warnings']) - 8} more (quality.warnings)")
         console.print(f"profile written to {output} (times in ms per micro-batch)")
+
+
+def given_noise(prof, noise_scale: str, grad_sq_share: str | None, microbatch_tokens: int):
+    """The profile with a noise section the user gave (--noise-scale, --grad-sq-share), one value per stage or
+    layer of the profile (a single noise scale applies to all; shares default equal)."""
+    import dataclasses
+
+    from tfplan import goodput
+
+    count = len(prof.stages if prof.stages is not None else prof.layers)
+    scales = _floats(noise_scale, "--noise-scale")
+    scales = scales * count if len(scales) == 1 else scales
+    shares = _floats(grad_sq_share, "--grad-sq-share") if grad_sq_share else [1.0 / count] * count
+    obj = {"noise_scale_tokens": scales, "grad_sq_share": shares, "microbatch_tokens": microbatch_tokens,
+           "source": "given", "note": "given on the command line"}
+    try:
+        return dataclasses.replace(prof, noise=goodput.from_dict(obj, count, microbatch_tokens))
+    except TfplanError as exc:  # name the option, not the file field
+        field = str(exc).split(":")[0].removeprefix("noise.").split("[")[0]
+        option = {"noise_scale_tokens": "--noise-scale", "grad_sq_share": "--grad-sq-share"}.get(field, field)
+        raise TfplanError(f"{option}: {str(exc).split(': ', 1)[1]}") from None
+
+
+def _floats(text: str, option: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise TfplanError(f"{option}: numbers, comma-separated, got {text!r}") from None
 
 
 def explain_cmd(

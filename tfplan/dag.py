@@ -118,10 +118,13 @@ class Dag:
         [('0B1', 0.5), ('1B1', 0.5)]
         """
         last: dict[int, int] = {}
-        for v, r in enumerate(self.rank):
-            last[r] = v  # nodes are numbered rank by rank in execution order
+        at = 0
+        for r, actions in enumerate(self.schedule.order):  # nodes are numbered rank by rank in execution order
+            at += len(actions)
+            if actions:
+                last[r] = at - 1
         tails = self.tail_ms or (0.0,) * self.schedule.num_ranks
-        has_succ = {u for slot in self.preds for u in slot if u >= 0}
+        has_succ = set().union(*self.preds)  # C-level: this runs once per simulation, at a million nodes too
         return [(last[r], tails[r]) for r in sorted(last) if tails[r] > 0 or last[r] not in has_succ]
 
     def edges(self) -> list[tuple[int, int, float, str]]:
@@ -151,7 +154,7 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
     """
     costs = profile.stage_costs(schedule.num_stages, layers_per_stage)
     actions = [a for rank_actions in schedule.order for a in rank_actions]
-    node = {a: i for i, a in enumerate(actions)}
+    node = {a: i for i, a in enumerate(actions)}  # looked up with plain tuples: equal to Actions, cheaper to make
     n = len(actions)
     rank = [r for r, rank_actions in enumerate(schedule.order) for _ in rank_actions]
     on_rank = schedule.stage_to_rank
@@ -169,14 +172,14 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
     for i, (s, kind, m) in enumerate(actions):
         if kind == "F":
             if s > 0:
-                pipe[i] = node[Action(s - 1, "F", m)]
+                pipe[i] = node[(s - 1, "F", m)]
         elif kind in ("B", "I"):
-            same[i] = node[Action(s, "F", m)]
+            same[i] = node[(s, "F", m)]
             if s < last:
-                up = node.get(Action(s + 1, "B", m))
-                pipe[i] = up if up is not None else node[Action(s + 1, "I", m)]
+                up = node.get((s + 1, "B", m))
+                pipe[i] = up if up is not None else node[(s + 1, "I", m)]
         else:  # W
-            same[i] = node[Action(s, "I", m)]
+            same[i] = node[(s, "I", m)]
         if pipe[i] >= 0 and on_rank[actions[pipe[i]].stage] != on_rank[s]:
             pipe_lag[i] = p2p
 
@@ -210,36 +213,39 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
 
 
 def _topological_order(dag: Dag) -> list[int]:
-    """Kahn's algorithm over the three predecessor slots; a leftover node means a deadlock."""
+    """The ranks' lists merged: each rank runs down its list until an action waits for another rank's action
+    not yet placed, and resumes when that one is placed. Nodes are numbered rank by rank (build), so the rank
+    chain (slot 0) needs no check. Linear, with no successor lists to build; a node left over means a deadlock.
+    """
     n = dag.num_nodes
-    indegree = [0] * n
-    succ_start = [0] * (n + 1)
-    for slot in dag.preds:
-        for u in slot:
+    _, p1, p2 = dag.preds
+    bounds, at = [], 0
+    for actions in dag.schedule.order:
+        bounds.append((at, at + len(actions)))
+        at += len(actions)
+    nxt = [lo for lo, _ in bounds]
+    placed = bytearray(n + 1)
+    placed[n] = 1  # placed[-1]: a missing predecessor (-1) counts as placed
+    waiting: dict[int, list[int]] = {}  # node -> ranks whose next action waits for it
+    order: list[int] = []
+    ready = list(range(len(bounds)))
+    while ready:
+        r = ready.pop()
+        i, end = nxt[r], bounds[r][1]
+        while i < end:
+            u = p1[i] if not placed[p1[i]] else p2[i] if not placed[p2[i]] else -1
             if u >= 0:
-                succ_start[u + 1] += 1
-    for i in range(n):
-        succ_start[i + 1] += succ_start[i]
-    succ = [0] * succ_start[n]
-    fill = succ_start[:-1].copy()
-    for slot in dag.preds:
-        for v, u in enumerate(slot):
-            if u >= 0:
-                succ[fill[u]] = v
-                fill[u] += 1
-                indegree[v] += 1
-    order = [v for v in range(n) if indegree[v] == 0]
-    head = 0
-    while head < len(order):
-        u = order[head]
-        head += 1
-        for k in range(succ_start[u], succ_start[u + 1]):
-            v = succ[k]
-            indegree[v] -= 1
-            if indegree[v] == 0:
-                order.append(v)
+                waiting.setdefault(u, []).append(r)
+                break
+            placed[i] = 1
+            order.append(i)
+            woken = waiting.pop(i, None)
+            if woken is not None:
+                ready.extend(woken)
+            i += 1
+        nxt[r] = i
     if len(order) < n:
-        _report_cycle(dag, [v for v in range(n) if indegree[v] > 0])
+        _report_cycle(dag, [v for v in range(n) if not placed[v]])
     return order
 
 

@@ -144,7 +144,8 @@ def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_m
     except UnreachableTarget:  # the target needs every stage-0 backward frozen: keep the unanchored plan
         return solution
     assert pinned.ratios[pin] == 0.0  # its durations are the original DAG's too (fixed nodes keep d_max)
-    return pinned
+    cost = pinned.makespan_ms - solution.makespan_ms
+    return replace(pinned, anchor_cost_ms=cost if cost > ANCHOR_TOL * solution.makespan_ms else 0.0)
 
 
 def _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s):
@@ -200,21 +201,72 @@ def pin_unfrozen(dag: dag_mod.Dag, caps: Sequence[float], node: int) -> tuple[da
     return replace(dag, freezable=freezable), caps
 
 
-def solve_job(spec: JobSpec, caps: Sequence[float] | float, target_speedup: float | None = None,
-              backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True):
-    """Profile + schedule -> solved Plan (the library call behind `tfplan solve`)."""
-    from tfplan import plan as plan_mod
+OBJECTIVES = ("makespan", "goodput")
 
+
+def solve_job(spec: JobSpec, caps: Sequence[float] | float, target_speedup: float | None = None,
+              backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True,
+              objective: str = "makespan"):
+    """Profile + schedule -> solved Plan (the library call behind `tfplan solve`)."""
     check_time_limit(time_limit_s)
     profile, schedule, dag = build(spec)
-    caps = check_caps(caps, schedule.num_stages)
+    noise = profile.stage_noise(schedule.num_stages, spec.layers_per_stage)
+    return solve_plan(dag, profile, caps, target_speedup, backend, time_limit_s, anchor, objective, noise)
+
+
+def solve_schedule(schedule: schedules.Schedule, profile: profile_mod.Profile, caps: Sequence[float] | float,
+                   backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True,
+                   objective: str = "makespan"):
+    """A schedule already resolved (tfrun's online mode: the run's own order) + profile -> solved Plan."""
+    check_time_limit(time_limit_s)
+    noise = profile.stage_noise(schedule.num_stages)
+    return solve_plan(dag_mod.build(schedule, profile), profile, caps, None, backend, time_limit_s, anchor,
+                      objective, noise)
+
+
+def batch_tokens(profile: profile_mod.Profile, schedule: schedules.Schedule, noise) -> float:
+    """A step's batch in tokens, all replicas: dp x M x the noise section's micro-batch tokens."""
+    return float(profile.dp * schedule.num_microbatches * noise.microbatch_tokens)
+
+
+def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[float] | float,
+               target_speedup: float | None = None, backend: str = "auto",
+               time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True, objective: str = "makespan",
+               noise=None):
+    """The DAG's plan: caps checked and expanded to one per stage, the target turned into a makespan, the LP
+    solved (solve_dag) and the plan made. Under `objective` goodput (tfplan.goodput_lp Note [goodput LP]) the
+    caps become the goodput optimum's stage means (all 0 when freezing does not pay), `noise` per stage."""
+    from tfplan import plan as plan_mod
+
+    caps = check_caps(caps, dag.schedule.num_stages)
+    if objective not in OBJECTIVES:
+        raise TfplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    limits, record = caps, None
+    if objective == "goodput":
+        from tfplan import goodput_lp
+
+        if target_speedup is not None:
+            raise TfplanError("--target-speedup asks for the least freezing at a speed, --objective goodput for the "
+                              "most learning per second: give one")
+        if noise is None:
+            raise TfplanError(f"--objective goodput needs the gradient noise scale, and profile {profile.name!r} has "
+                              "no noise section: measure it (tfplan profile, at your checkpoint with --init-from) or "
+                              "give it (tfplan profile --analytic ... --noise-scale N)")
+        batch = batch_tokens(profile, dag.schedule, noise)
+        best = goodput_lp.solve_goodput(dag, caps, noise, batch, time_limit_s)
+        limits = [min(c, m) for c, m in zip(caps, best.means)] if best.pays else [0.0] * len(caps)
+        record = ("goodput", noise, batch, {"lp_solves": best.lp_solves, "dinkelbach_steps": best.dinkelbach_steps,
+                                            "wall_s": best.wall_s, "bound": best.bound / best.unfrozen_goodput,
+                                            "means": best.means})
+    elif noise is not None:
+        record = ("makespan", noise, batch_tokens(profile, dag.schedule, noise), None)
     target = None if target_speedup is None else target_makespan(dag, target_speedup)
     try:
-        solution = solve_dag(dag, caps, target, backend, time_limit_s, anchor)
+        solution = solve_dag(dag, limits, target, backend, time_limit_s, anchor)
     except UnreachableTarget as exc:
         none = plan_mod.predict(dag, [0.0] * dag.num_nodes)[0].no_freeze_ms
         raise TfplanError(
             f"--target-speedup {target_speedup:g} is unreachable under the caps; the best they allow is "
             f"{none / (exc.best_makespan_ms + dag.step_overhead_ms):.4g}x (raise --max-freeze-ratio)"
         ) from None
-    return plan_mod.make_plan(dag, solution, caps, profile, target_speedup)
+    return plan_mod.make_plan(dag, solution, caps, profile, target_speedup, record)

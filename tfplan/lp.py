@@ -234,6 +234,9 @@ class Solution:
     """Seconds spent building and solving, in all."""
     time_limit_s: float | None = None
     """The time limit the solve ran under (s), None for none."""
+    anchor_cost_ms: float = 0.0
+    """How much longer the makespan is for keeping one stage-0 backward unfrozen (tfplan.job Note [stage-0
+    anchor]), ms; 0 when no anchor was needed."""
 
     @property
     def status(self) -> str:

@@ -1,8 +1,16 @@
 """Freeze plans: what `tfplan solve` writes and `tfrun train --plan` runs (docs/formats.md).
 
 A plan names its schedule (per-rank order in torch's grammar), the stage costs it was planned with (so it
-can be re-simulated without the profile file), the per-stage caps, one freeze ratio per action and the
-predicted step times. The schedule is also written as torch's compute-only CSV next to the JSON.
+can be re-simulated without the profile file), the per-stage caps, one freeze ratio per (stage, micro-batch)
+and the predicted step times. The schedule is also written as torch's compute-only CSV next to the JSON.
+
+Note [compact plan]: a plan file holds what cannot be recomputed, once. Version 3 stores the ratios as a
+stage x micro-batch table (freeze_ratio[s][m]: the ratio of stage s's B or W action of micro-batch m, the
+one action of that pair freezing can shorten) instead of one object per action repeating its name, rank,
+planned start and duration and both costs (the order, the profile's stages and a re-simulation give those).
+Measured on 1F1B 32 x 16384 (a million actions): 16.5 MB instead of 206 MB, and writing it is a few
+json.dumps of flat lists instead of a million small ones. Versions 1-2 (the per-action list) still load
+(_ratios_v2).
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ import datetime as dt
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +29,14 @@ from tfplan.actions import parse_action
 from tfplan.dag import Dag, build
 from tfplan.errors import TfplanError
 from tfplan.fileio import read_json, write_json_atomic, write_text_atomic
+from tfplan.goodput import NoiseModel, PlanGoodput, plan_goodput, record_from_dict
 from tfplan.lp import CAP_TOL, Solution, SolverRecord
 from tfplan.simulate import Simulation, simulate
 
-SCHEMA_VERSION = 2  # 2: solver.phases[i].gap, solver.time_limit_s, status FEASIBLE, the new even_spread,
-# profile.source (optional: plans written before it still load, with an empty source)
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3  # 2: solver.phases[i].gap, solver.time_limit_s, status FEASIBLE, the new even_spread,
+# profile.source (optional: plans written before it still load, with an empty source); 3: freeze_ratio as a
+# stage x micro-batch table instead of the per-action list `actions` (Note [compact plan])
+READABLE_VERSIONS = (1, 2, 3)
 MAX_SOURCE_FIELDS = 64
 """profile.source keeps at most this many fields (a plan records provenance, not the profile's notes)."""
 
@@ -90,6 +100,12 @@ class Plan:
     solver: SolverRecord | None
     """Backend, status, per-phase results and gaps, times (lp.SolverRecord); None for plans not made by the LP."""
     target_speedup: float | None = None
+    goodput: PlanGoodput | None = None
+    """The learning model's view of the plan (tfplan.goodput), when its profile had a noise section."""
+    anchor_cost_ms: float = 0.0
+    """What keeping one stage-0 backward unfrozen cost the makespan (tfplan.job Note [stage-0 anchor]), ms."""
+    timelines: tuple[Simulation, Simulation] | None = field(default=None, compare=False, repr=False)
+    """The (nothing frozen, planned) simulations its predictions came from, kept for rendering (not written)."""
 
     @property
     def schedule(self) -> schedules.Schedule:
@@ -103,9 +119,37 @@ class Plan:
         """Action string -> freeze ratio, for every action."""
         return {str(a): r for a, r in zip(self.dag.actions, self.ratios)}
 
+    def ratio_table(self) -> list[list[float]]:
+        """freeze_ratio[s][m]: the ratio of stage s's B or W action of micro-batch m (Note [compact plan])."""
+        return ratio_table(self.dag, self.ratios)
+
+
+def ratio_table(dag: Dag, ratios: Sequence[float]) -> list[list[float]]:
+    """Stage x micro-batch table of the ratios of the actions freezing can shorten (B and W; Note [compact
+    plan]); every other action's ratio is 0 in every valid plan.
+
+    >>> from tfplan import profile, schedules
+    >>> dag = build(schedules.generate("1f1b", 2, 2), profile.uniform(2))
+    >>> [str(a) for a in dag.actions]
+    ['0F0', '0F1', '0B0', '0B1', '1F0', '1B0', '1F1', '1B1']
+    >>> ratio_table(dag, [0.0, 0.0, 0.5, 0.25, 0.0, 1.0, 0.0, 0.0])
+    [[0.5, 0.25], [1.0, 0.0]]
+    """
+    table = [[0.0] * dag.schedule.num_microbatches for _ in range(dag.schedule.num_stages)]
+    for a, r, f in zip(dag.actions, ratios, dag.freezable):
+        if f:
+            table[a.stage][a.mb] = r
+    return table
+
 
 def predict(dag: Dag, ratios: Sequence[float]) -> tuple[Predicted, Simulation]:
     """Step-time predictions for a ratio vector, and the planned simulation."""
+    predicted, _, planned = _predict(dag, ratios)
+    return predicted, planned
+
+
+def _predict(dag: Dag, ratios: Sequence[float]) -> tuple[Predicted, Simulation, Simulation]:
+    """predict(), and the unfrozen simulation as well (Plan.timelines)."""
     planned = simulate(dag, dag.durations(ratios))
     none = simulate(dag)
     frozen = simulate(dag, dag.d_min)
@@ -123,6 +167,7 @@ def predict(dag: Dag, ratios: Sequence[float]) -> tuple[Predicted, Simulation]:
             no_freeze_bubble_fraction=none.bubble_fraction,
             planned_bubble_fraction=planned.bubble_fraction,
         ),
+        none,
         planned,
     )
 
@@ -133,9 +178,14 @@ def make_plan(
     caps: Sequence[float],
     profile: profile_mod.Profile,
     target_speedup: float | None = None,
+    goodput: tuple[str, NoiseModel, float, dict | None] | None = None,
 ) -> Plan:
-    """Wrap a solver solution into a Plan with predictions."""
-    predicted, _ = predict(dag, solution.ratios)
+    """Wrap a solver solution into a Plan with predictions; `goodput`: (objective, noise per stage, batch
+    tokens, the goodput LP's statistics or None) when the profile has a noise section."""
+    predicted, none, planned = _predict(dag, solution.ratios)
+    means = [sum(solution.ratios[v] for v in g) / len(g) if g else 0.0 for g in dag.freeze_groups()]
+    record = None if goodput is None else plan_goodput(*goodput[:3], means, predicted.planned_ms,
+                                                        predicted.no_freeze_ms, goodput[3])
     return Plan(
         dag=dag,
         profile_name=profile.name,
@@ -146,7 +196,18 @@ def make_plan(
         predicted=predicted,
         solver=solution.record(),
         target_speedup=target_speedup,
+        goodput=record,
+        anchor_cost_ms=solution.anchor_cost_ms,
+        timelines=(none, planned),
     )
+
+
+def with_uniform_ratio(plan: Plan, ratio: float) -> Plan:
+    """The plan with every action of every freeze group at `ratio` (Note [freeze groups] in tfplan.dag), its
+    predictions recomputed: the stress plans of tests and benchmarks (valid where `ratio` is within every cap)."""
+    ratios = tuple(ratio if ok else 0.0 for ok in plan.dag.freeze_mask())
+    predicted, none, planned = _predict(plan.dag, ratios)
+    return replace(plan, ratios=ratios, predicted=predicted, timelines=(none, planned))
 
 
 def source_provenance(source: dict[str, Any]) -> dict[str, Any]:
@@ -162,9 +223,8 @@ def source_provenance(source: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_dict(plan: Plan) -> dict[str, Any]:
-    """The plan as its JSON object (docs/formats.md)."""
+    """The plan as its JSON object (docs/formats.md; Note [compact plan])."""
     dag, sched = plan.dag, plan.schedule
-    _, sim = predict(dag, plan.ratios)
     return {
         "schema_version": SCHEMA_VERSION,
         "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -191,19 +251,10 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "target_speedup": plan.target_speedup,
         "mean_freeze_ratio": plan.mean_ratio_per_stage(),
         "predicted": plan.predicted.to_dict(),
-        "actions": [
-            {
-                "action": str(a),
-                "rank": dag.rank[v],
-                "freeze_ratio": plan.ratios[v],
-                "start_ms": sim.start_ms[v],
-                "duration_ms": sim.end_ms[v] - sim.start_ms[v],
-                "max_ms": dag.d_max[v],
-                "min_ms": dag.d_min[v],
-            }
-            for v, a in enumerate(dag.actions)
-        ],
+        "freeze_ratio": plan.ratio_table(),
         "solver": None if plan.solver is None else plan.solver.to_dict(),
+        "anchor_cost_ms": plan.anchor_cost_ms,
+        "goodput": None if plan.goodput is None else plan.goodput.to_dict(),
     }
 
 
@@ -245,8 +296,8 @@ def from_dict(obj: Any) -> Plan:
         raise TfplanError("plan: must be a JSON object")
     version = obj.get("schema_version")
     if type(version) is not int or version not in READABLE_VERSIONS:
-        raise TfplanError(f"schema_version: must be {' or '.join(map(str, READABLE_VERSIONS))}, got "
-                          f"{json.dumps(version)}")
+        readable = ", ".join(map(str, READABLE_VERSIONS[:-1])) + f" or {READABLE_VERSIONS[-1]}"
+        raise TfplanError(f"schema_version: must be {readable}, got {json.dumps(version)}")
     sched_obj = _require(obj, "schedule", dict, "")
     order_obj = _require(sched_obj, "order", list, "schedule.")
     try:
@@ -276,6 +327,66 @@ def from_dict(obj: Any) -> Plan:
     caps = _require(obj, "max_freeze_ratio", list, "")
     if len(caps) != sched.num_stages or not all(isinstance(c, (int, float)) and 0 <= c <= 1 for c in caps):
         raise TfplanError(f"max_freeze_ratio: must list {sched.num_stages} caps in [0, 1]")
+    ratios = _ratios_v3(obj, dag) if version >= 3 else _ratios_v2(obj, dag)
+    predicted, none, planned = _predict(dag, ratios)
+    target = obj.get("target_speedup")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
+        raise TfplanError(f"target_speedup: must be a number or null, got {json.dumps(target)}")
+    means = [sum(ratios[v] for v in g) / len(g) if g else 0.0 for g in dag.freeze_groups()]
+    record = None
+    if obj.get("goodput") is not None:
+        record = record_from_dict(obj["goodput"], sched.num_stages, means, predicted.planned_ms, predicted.no_freeze_ms)
+    anchor = obj.get("anchor_cost_ms", 0.0)
+    if isinstance(anchor, bool) or not isinstance(anchor, (int, float)) or not math.isfinite(anchor) or anchor < 0:
+        raise TfplanError(f"anchor_cost_ms: must be a number >= 0, got {json.dumps(anchor)}")
+    plan = Plan(
+        dag=dag,
+        profile_name=prof.name,
+        profile_hash=_profile_hash(prof_obj),
+        profile_source=_source(prof_obj),
+        caps=tuple(float(c) for c in caps),
+        ratios=ratios,
+        predicted=predicted,
+        solver=_solver_record(obj, version),
+        target_speedup=target,
+        goodput=record,
+        anchor_cost_ms=float(anchor),
+        timelines=(none, planned),
+    )
+    for s, (mean, cap) in enumerate(zip(plan.mean_ratio_per_stage(), plan.caps)):
+        if mean - cap > CAP_TOL:
+            raise TfplanError(f"mean_freeze_ratio: stage {s} freezes {mean:.6g} on average, above its cap {cap:g} "
+                              f"(tolerance {CAP_TOL:g})")
+    return plan
+
+
+def _ratios_v3(obj: dict[str, Any], dag: Dag) -> tuple[float, ...]:
+    """Per node, from a version-3 plan's stage x micro-batch table `freeze_ratio` (Note [compact plan])."""
+    table = _require(obj, "freeze_ratio", list, "")
+    sched = dag.schedule
+    if len(table) != sched.num_stages:
+        raise TfplanError(f"freeze_ratio: must have one row per stage ({sched.num_stages}), got {len(table)}")
+    for s, row in enumerate(table):
+        if not isinstance(row, list) or len(row) != sched.num_microbatches:
+            raise TfplanError(f"freeze_ratio[{s}]: must list one ratio per micro-batch ({sched.num_microbatches})")
+        for m, r in enumerate(row):
+            if isinstance(r, bool) or not isinstance(r, (int, float)):
+                raise TfplanError(f"freeze_ratio[{s}][{m}]: must be a number, got {json.dumps(r)}")
+            if not (math.isfinite(r) and 0.0 <= r <= 1.0):
+                raise TfplanError(f"freeze_ratio[{s}][{m}]: must be in [0, 1], got {r}")
+    ratios = [0.0] * dag.num_nodes
+    for v, (a, can_freeze, f) in enumerate(zip(dag.actions, dag.freeze_mask(), dag.freezable)):
+        if f:
+            r = float(table[a.stage][a.mb])
+            if r > 0 and not can_freeze:
+                raise TfplanError(f"freeze_ratio[{a.stage}][{a.mb}]: {a} has freeze_ratio {r:g}, but freezing "
+                                  "cannot shorten it")
+            ratios[v] = r
+    return tuple(ratios)
+
+
+def _ratios_v2(obj: dict[str, Any], dag: Dag) -> tuple[float, ...]:
+    """Per node, from a version-1 or -2 plan's list `actions` of {action, freeze_ratio, ...} objects."""
     actions = _require(obj, "actions", list, "")
     ratio_of: dict[str, float] = {}
     for i, item in enumerate(actions):
@@ -294,26 +405,7 @@ def from_dict(obj: Any) -> Plan:
     for n, can_freeze in zip(names, dag.freeze_mask()):
         if ratio_of[n] > 0 and not can_freeze:
             raise TfplanError(f"actions: {n} has freeze_ratio {ratio_of[n]:g}, but freezing cannot shorten it")
-    ratios = tuple(ratio_of[n] for n in names)
-    target = obj.get("target_speedup")
-    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
-        raise TfplanError(f"target_speedup: must be a number or null, got {json.dumps(target)}")
-    plan = Plan(
-        dag=dag,
-        profile_name=prof.name,
-        profile_hash=_profile_hash(prof_obj),
-        profile_source=_source(prof_obj),
-        caps=tuple(float(c) for c in caps),
-        ratios=ratios,
-        predicted=predict(dag, ratios)[0],
-        solver=_solver_record(obj, version),
-        target_speedup=target,
-    )
-    for s, (mean, cap) in enumerate(zip(plan.mean_ratio_per_stage(), plan.caps)):
-        if mean - cap > CAP_TOL:
-            raise TfplanError(f"mean_freeze_ratio: stage {s} freezes {mean:.6g} on average, above its cap {cap:g} "
-                              f"(tolerance {CAP_TOL:g})")
-    return plan
+    return tuple(ratio_of[n] for n in names)
 
 
 def _profile_hash(prof_obj: dict[str, Any]) -> str:

@@ -8,7 +8,9 @@ Format (docs/formats.md has the full reference)::
                  "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "backward_weight_frozen_ms": 0.0,
                  "tail_ms": 0.0}, ...]}
 
-Version 1 (no dispatch_ms, quality or tail_ms) still loads, with those at 0 / absent.
+Version 1 (no dispatch_ms, quality or tail_ms) still loads, with those at 0 / absent. Version 3 adds the
+optional "noise" section (tfplan.goodput: per stage or layer, the gradient noise scale and |G|^2 share, and
+the micro-batch shape they were measured at); versions 1 and 2 load without it.
 
 Instead of "stages", a profile may give "layers" (same fields plus an optional "name"); tfplan then splits
 the layers into the schedule's stage count, contiguously and balanced by time (Note [layer partition]).
@@ -24,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tfplan import goodput
 from tfplan.errors import TfplanError
 from tfplan.fileio import read_json
+from tfplan.goodput import NoiseModel
 
-SCHEMA_VERSION = 2
-READS_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READS_VERSIONS = (1, 2, 3)
 COST_FIELDS = (
     "forward_ms",
     "backward_ms",
@@ -99,6 +103,9 @@ class Profile:
     """Per-stage costs, or None when the profile is per layer."""
     layers: tuple[StageCost, ...] | None = None
     """Per-layer costs, or None when the profile is per stage."""
+    noise: NoiseModel | None = None
+    """Per stage (or layer, like the costs), the gradient noise scale and |G|^2 share (tfplan.goodput), or None
+    when not measured or given."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -115,6 +122,8 @@ class Profile:
             out["quality"] = self.quality
         key, items = ("stages", self.stages) if self.stages is not None else ("layers", self.layers)
         out[key] = [c.to_dict() for c in items or ()]
+        if self.noise is not None:
+            out["noise"] = self.noise.to_dict()
         return out
 
     def content_hash(self) -> str:
@@ -133,6 +142,15 @@ class Profile:
         Raises:
             TfplanError: a per-stage profile with a different stage count, or a bad split.
         """
+        counts = self.layer_counts(num_stages, layers_per_stage)
+        if counts is None:
+            return self.stages
+        assert self.layers is not None
+        return partition_layers(self.layers, num_stages, counts)
+
+    def layer_counts(self, num_stages: int, layers_per_stage: Sequence[int] | None = None) -> list[int] | None:
+        """Layers per stage of the split `stage_costs` makes (None for a per-stage profile, after checking its
+        stage count)."""
         if self.stages is not None:
             if layers_per_stage is not None:
                 raise TfplanError(f"profile {self.name!r} is per stage; --layers-per-stage needs a per-layer profile")
@@ -141,10 +159,19 @@ class Profile:
                     f"profile {self.name!r} has {len(self.stages)} stages but the schedule has {num_stages}; "
                     f"use a profile with {num_stages} stages or a per-layer profile"
                 )
-            return self.stages
+            return None
         assert self.layers is not None
-        counts = _check_split(layers_per_stage, num_stages, len(self.layers)) if layers_per_stage else None
-        return partition_layers(self.layers, num_stages, counts)
+        if len(self.layers) < num_stages:
+            raise TfplanError(f"profile has {len(self.layers)} layers, fewer than the {num_stages} stages asked for")
+        if layers_per_stage:
+            return _check_split(layers_per_stage, num_stages, len(self.layers))
+        return _balanced_split([c.forward_ms + c.backward_ms for c in self.layers], num_stages)
+
+    def stage_noise(self, num_stages: int, layers_per_stage: Sequence[int] | None = None) -> NoiseModel | None:
+        """The noise model per schedule stage (the per-layer one summed like the costs), or None."""
+        if self.noise is None:
+            return None
+        return self.noise.for_stages(self.layer_counts(num_stages, layers_per_stage))
 
 
 def split_profile(profile: Profile, num_stages: int, layers_per_stage: Sequence[int] | None = None) -> Profile:
@@ -152,6 +179,7 @@ def split_profile(profile: Profile, num_stages: int, layers_per_stage: Sequence[
     if profile.layers is None:
         raise TfplanError(f"profile {profile.name!r} is already per stage")
     stages = profile.stage_costs(num_stages, layers_per_stage)
+    noise = profile.stage_noise(num_stages, layers_per_stage)
     split = [s.name for s in stages]
     return Profile(
         name=f"{profile.name}-{num_stages}stages",
@@ -162,6 +190,7 @@ def split_profile(profile: Profile, num_stages: int, layers_per_stage: Sequence[
         quality=profile.quality,
         dp=profile.dp,
         stages=stages,
+        noise=noise,
     )
 
 
@@ -284,7 +313,7 @@ def from_dict(obj: Any) -> Profile:
     version = obj.get("schema_version")
     if type(version) is not int or version not in READS_VERSIONS:
         raise TfplanError(f"schema_version: must be one of {READS_VERSIONS}, got {json.dumps(version)}")
-    new = {"dispatch_ms", "quality", "dp"} if version >= 2 else set()
+    new = ({"dispatch_ms", "quality", "dp"} if version >= 2 else set()) | ({"noise"} if version >= 3 else set())
     _check_keys(obj, "", top, {"source", "stages", "layers", "step_overhead_ms", *new})
     if not isinstance(obj["name"], str) or not obj["name"]:
         raise TfplanError("name: must be a non-empty string")
@@ -298,6 +327,9 @@ def from_dict(obj: Any) -> Profile:
     if not isinstance(items, list) or not items:
         raise TfplanError(f"{key}: must be a non-empty list")
     costs = tuple(_cost_from_dict(item, f"{key}[{i}]") for i, item in enumerate(items))
+    noise = None
+    if "noise" in obj:
+        noise = goodput.from_dict(obj["noise"], len(costs), microbatch_tokens(source))
     return Profile(
         name=obj["name"],
         source=source,
@@ -308,7 +340,16 @@ def from_dict(obj: Any) -> Profile:
         dp=_dp(obj.get("dp", 1)),
         stages=costs if key == "stages" else None,
         layers=costs if key == "layers" else None,
+        noise=noise,
     )
+
+
+def microbatch_tokens(source: dict[str, Any]) -> int | None:
+    """Tokens of one micro-batch, when a profile's source says its shape (microbatch_size x seq_len)."""
+    size, seq = source.get("microbatch_size"), source.get("seq_len")
+    if type(size) is int and type(seq) is int and size > 0 and seq > 0:
+        return size * seq
+    return None
 
 
 def _dp(value: Any) -> int:

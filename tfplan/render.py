@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -87,7 +88,7 @@ def timeline(dag: Dag, sim: Simulation, width: int, span: tuple[float, float] | 
     cols = max(10, width - label_w)
     scale = cols / (t1 - t0) if t1 > t0 else 0.0
     rows: list[list[tuple[str, str]]] = [[(IDLE, "dim")] * cols for _ in range(dag.schedule.num_ranks)]
-    for v in range(dag.num_nodes):
+    for v in _painters(dag, sim, t0, t1, scale, cols):
         s, e = sim.start_ms[v], sim.end_ms[v]
         if e <= t0 or s >= t1:
             continue
@@ -119,6 +120,24 @@ def timeline(dag: Dag, sim: Simulation, width: int, span: tuple[float, float] | 
     axis = f"{t0:.3g} ms".ljust(cols // 2) + f"{t1:.3g} ms".rjust(cols - cols // 2)
     out.append(" " * label_w + axis + "\n", style="dim")
     return out
+
+
+def _painters(dag: Dag, sim: Simulation, t0: float, t1: float, scale: float, cols: int) -> list[int]:
+    """The nodes whose blocks timeline() must paint, in node order: those in the span, less each one-column
+    block that the next block of its rank paints over (same column). A rank's blocks never go back in time,
+    so the rest are exactly what the timeline shows; at a million actions most blocks are a column's sliver
+    and this leaves about one per column (vectorised; the same columns as painting every node)."""
+    start, end = np.asarray(sim.start_ms), np.asarray(sim.end_ms)
+    c0 = np.maximum(0.0, np.rint((start - t0) * scale))  # np.rint rounds half to even, as round() does
+    c1 = np.minimum(float(cols), np.rint((end - t0) * scale))
+    narrow = c1 <= c0
+    shown = (end > t0) & (start < t1) & (~narrow | ((end > start) & (c0 < cols)))
+    idx = np.flatnonzero(shown)
+    c0, c1 = c0[idx], np.where(narrow[idx], c0[idx] + 1, c1[idx])
+    rank = np.asarray(dag.rank)[idx]
+    covered = np.zeros(len(idx), dtype=bool)
+    covered[:-1] = (rank[1:] == rank[:-1]) & (c0[1:] == c0[:-1]) & (c1[:-1] - c0[:-1] == 1)
+    return idx[~covered].tolist()
 
 
 def legend(kinds: set[str]) -> Text:
@@ -214,11 +233,8 @@ def _ratio_cell(r: float, cell: int) -> tuple[str, str]:
 def heat_map(plan, width: int) -> Text:
     """Stage x micro-batch map of freeze ratios (of each (stage, mb)'s B or W action); micro-batches are
     averaged in bins when they do not fit the width."""
-    dag, m = plan.dag, plan.schedule.num_microbatches
-    grid = [[0.0] * m for _ in range(plan.schedule.num_stages)]
-    for v, a in enumerate(dag.actions):
-        if dag.freezable[v]:
-            grid[a.stage][a.mb] = plan.ratios[v]
+    m = plan.schedule.num_microbatches
+    grid = plan.ratio_table()
     cell = 4
     per_bin = max(1, -(-m * cell // max(cell, width - 10)))  # micro-batches per column, ceil
     bins = [range(i, min(m, i + per_bin)) for i in range(0, m, per_bin)]
@@ -246,6 +262,7 @@ def sweep_table(rows, title: str):
 
     table = Table(title=title, title_justify="left", show_edge=False)
     with_dp = any(r.dp > 1 for r in rows)
+    learning = any(r.goodput is not None for r in rows)
     cols = (
         "schedule",
         "M",
@@ -259,6 +276,7 @@ def sweep_table(rows, title: str):
         "mean ratio",
         "uniform same mean",
         "plan vs uniform",
+        *(("batch tokens", "goodput", "best goodput (ratio)") if learning else ()),
     )
     for col in cols:
         table.add_column(col, justify="left" if col == "schedule" else "right", no_wrap=col == "schedule")
@@ -284,8 +302,13 @@ def sweep_table(rows, title: str):
             f"{r.mean_freeze_ratio:.3f}",
             f"{r.uniform_speedup:.3f}x",
             f"{r.uniform_ms / r.planned_ms:.3f}x",
+            *((f"{r.batch_tokens:,.0f}", f"{r.goodput:.3f}x", f"{r.best_goodput:.3f}x ({r.best_goodput_ratio:.2f})")
+              if learning and r.goodput is not None else ()),
         )
     lines = [f"[{i}] {reason}\n" for i, reason in enumerate(reasons, start=1)]
+    if learning:
+        lines.append("goodput: predicted learning per second over no freezing (tfplan.goodput); best: the goodput "
+                     "plan at that cap, 1.000x when freezing does not pay at that batch\n")
     if any(r.status == "FEASIBLE" for r in rows):
         lines.append("* feasible, not certified optimal: the time limit stopped the solve (--time-limit)\n")
     notes = Text("".join(lines), style="dim")
@@ -320,9 +343,10 @@ def simulation_json(dag, sim: Simulation, freeze_ratio: float, profile_name: str
 def render_plan(plan_obj, console: Console, title: str) -> None:
     """The people's view of a plan: summary, per-stage ratios, heat map, before/after timelines."""
     dag = plan_obj.dag
-    none = simulate(dag)
-    planned = simulate(dag, dag.durations(list(plan_obj.ratios)))
+    none, planned = plan_obj.timelines or (simulate(dag), simulate(dag, dag.durations(list(plan_obj.ratios))))
     console.print(Text(title, style="bold"))
+    for line in plan_notes(plan_obj):
+        console.print(line)
     console.print(plan_summary(plan_obj))
     console.print(stage_table(plan_obj))
     console.print(heat_map(plan_obj, console.width))
@@ -331,6 +355,28 @@ def render_plan(plan_obj, console: Console, title: str) -> None:
     console.print(timeline(dag, none, console.width, span=(0.0, none.makespan_ms)), end="")
     console.print(Text(f"after: TimelyFreeze plan, {planned.batch_time_ms:.3f} ms (same time scale)", style="bold"))
     console.print(timeline(dag, planned, console.width, span=(0.0, none.makespan_ms)), end="")
+
+
+def plan_notes(plan_obj) -> list[str]:
+    """One line each: the plan's predicted goodput (tfplan.goodput), or that freezing does not pay at this
+    batch; the stage-0 anchor's cost when it has one (tfplan.job Note [stage-0 anchor])."""
+    lines = []
+    g = plan_obj.goodput
+    if g is not None:
+        scales = ", ".join(f"{n:,.0f}" for n in g.noise.noise_scale_tokens)
+        if g.objective == "goodput" and not any(plan_obj.ratios):
+            lines.append(f"freezing does not pay at this batch ({g.batch_tokens:,.0f} tokens a step; noise scales "
+                         f"{scales} tokens per stage): the plan freezes nothing")
+        else:
+            lines.append(f"predicted goodput {g.value.goodput:.3f}x unfrozen training's (learning per step "
+                         f"{g.value.efficiency:.3f}x, steps per second {g.value.speedup:.3f}x; batch "
+                         f"{g.batch_tokens:,.0f} tokens, noise scales {scales} tokens per stage; solved for "
+                         f"{g.objective})" + ("" if g.pays else ": freezing does not pay here"))
+    if plan_obj.anchor_cost_ms > 0:
+        share = plan_obj.anchor_cost_ms / plan_obj.predicted.planned_ms
+        lines.append(f"the stage-0 anchor costs {plan_obj.anchor_cost_ms:.3f} ms a step ({share:.2%}): one stage-0 "
+                     "backward left unfrozen (--no-stage0-anchor turns it off)")
+    return lines
 
 
 def plan_json(plan_obj) -> dict:
@@ -344,6 +390,8 @@ def plan_json(plan_obj) -> dict:
         "mean_freeze_ratio": plan_obj.mean_ratio_per_stage(),
         **p.to_dict(),
         "solver": None if plan_obj.solver is None else plan_obj.solver.to_dict(),
+        "anchor_cost_ms": plan_obj.anchor_cost_ms,
+        "goodput": None if plan_obj.goodput is None else plan_obj.goodput.to_dict(),
     }
 
 

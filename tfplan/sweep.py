@@ -1,5 +1,8 @@
 """What-if sweeps: schedules x micro-batch counts x caps, each solved and compared with no freezing and
-with naive uniform freezing at the same mean ratio (what schedule awareness buys)."""
+with naive uniform freezing at the same mean ratio (what schedule awareness buys). With a noise scale (the
+profile's noise section, or given), each row also says what the plan is worth in learning: its predicted
+goodput, and the best goodput any plan reaches at that cap and batch (tfplan.goodput), so that a sweep over
+micro-batch counts and data-parallel degrees answers "does freezing pay at my batch?"."""
 
 from __future__ import annotations
 
@@ -43,6 +46,14 @@ class SweepRow:
     solve_s: float | None = None
     status: str | None = None
     """The solve's status: OPTIMAL, or FEASIBLE when the time limit stopped it (lp.SolverRecord)."""
+    batch_tokens: float | None = None
+    """The step's batch (dp x M x micro-batch tokens) when a noise scale is known."""
+    goodput: float | None = None
+    """The (makespan) plan's predicted goodput relative to no freezing (tfplan.goodput)."""
+    best_goodput: float | None = None
+    """The goodput-objective plan's at the same cap (1.0: freezing does not pay at this batch)."""
+    best_goodput_ratio: float | None = None
+    """That plan's mean freeze ratio."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -61,9 +72,13 @@ def sweep(
     time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
     dps: Sequence[int] = (1,),
     dp_link: str | None = None,
+    noise_scale: Sequence[float] | None = None,
 ) -> list[SweepRow]:
     """Solve every combination (x data-parallel degree); combinations a schedule cannot run, or without a
     feasible plan within the time limit (per solve), are returned with `skipped` set.
+
+    `noise_scale` (tokens, one value or one per stage or layer of the profile) replaces the profile's noise
+    section (shares of |G|^2 equal).
 
     Raises:
         TfplanError: a bad profile, unknown schedule name, cap outside [0, 1], time limit, or a data-parallel
@@ -72,6 +87,8 @@ def sweep(
     from tfplan import dataparallel
 
     base = load(profile_path)
+    if noise_scale is not None:
+        base = _given_noise(base, noise_scale)
     check_caps_list(caps)
     check_backend(backend)
     check_time_limit(time_limit_s)
@@ -120,6 +137,7 @@ def _sweep_one(profile_path, profile, dp, schedule_names, microbatches, caps, st
                     continue
                 plan = plan_mod.make_plan(dag, solution, [c] * schedule.num_stages, profile)
                 p = plan.predicted
+                learning = _learning(dag, profile, plan, c, layers_per_stage, backend, time_limit_s)
                 row = SweepRow(
                     schedule=schedule.name,
                     num_microbatches=m,
@@ -138,11 +156,47 @@ def _sweep_one(profile_path, profile, dp, schedule_names, microbatches, caps, st
                     all_frozen_ms=p.all_frozen_ms,
                     solve_s=solution.wall_s,
                     status=solution.status,
+                    **learning,
                 )
                 rows.append(row)
                 if on_row:
                     on_row(row)
     return rows
+
+
+def _learning(dag, profile, plan, cap, layers_per_stage, backend, time_limit_s) -> dict:
+    """A row's goodput fields: the plan's predicted goodput and the best any plan reaches at this cap."""
+    from tfplan import goodput, job
+
+    noise = profile.stage_noise(dag.schedule.num_stages, layers_per_stage)
+    if noise is None:
+        return {}
+    batch = job.batch_tokens(profile, dag.schedule, noise)
+    p = plan.predicted
+    value = goodput.evaluate(plan.mean_ratio_per_stage(), p.planned_ms, p.no_freeze_ms, batch, noise)
+    best = job.solve_plan(dag, profile, cap, backend=backend, time_limit_s=time_limit_s, objective="goodput",
+                          noise=noise)
+    return {"batch_tokens": batch, "goodput": value.goodput, "best_goodput": best.goodput.value.goodput,
+            "best_goodput_ratio": best.predicted.mean_freeze_ratio}
+
+
+def _given_noise(profile, scales: Sequence[float]):
+    """The profile with a noise section of the given scales (equal shares), at its own micro-batch shape."""
+    from tfplan import goodput
+    from tfplan.profile import microbatch_tokens
+
+    tokens = microbatch_tokens(profile.source)
+    if tokens is None:
+        raise TfplanError(f"--noise-scale: profile {profile.name!r} does not say its micro-batch shape "
+                          "(source.microbatch_size, source.seq_len), so no batch in tokens to compare it with")
+    count = len(profile.stages if profile.stages is not None else profile.layers)
+    scales = list(scales) * count if len(scales) == 1 else list(scales)
+    obj = {"noise_scale_tokens": scales, "grad_sq_share": [1.0 / count] * count, "microbatch_tokens": tokens,
+           "source": "given"}
+    try:
+        return dataclasses.replace(profile, noise=goodput.from_dict(obj, count, tokens))
+    except TfplanError as exc:
+        raise TfplanError(f"--noise-scale: {str(exc).split(': ', 1)[1]}") from None
 
 
 def check_caps_list(caps: Sequence[float]) -> None:
@@ -181,7 +235,9 @@ def plot(rows: Sequence[SweepRow], path: str) -> None:
         raise TfplanError("--plot needs matplotlib: pip install 'timelyfreeze[plot]'") from None
     from tfplan.fileio import write_bytes_atomic
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    learning = any(r.goodput is not None for r in rows)
+    fig, axes = plt.subplots(1, 2 if learning else 1, figsize=(13 if learning else 7, 4.5), squeeze=False)
+    ax = axes[0][0]
     series: dict[tuple[str, int], list[SweepRow]] = {}
     for row in rows:
         if not row.skipped:
@@ -197,11 +253,24 @@ def plot(rows: Sequence[SweepRow], path: str) -> None:
             color=line.get_color(),
             alpha=0.6,
         )
+        if learning:
+            g = axes[0][1]
+            g.plot([r.cap for r in items], [r.goodput for r in items], marker="o", color=line.get_color(),
+                   label=f"{label}, batch {items[0].batch_tokens:,.0f} tokens")
+            g.plot([r.cap for r in items], [r.best_goodput for r in items], linestyle=":", color=line.get_color())
     ax.set_xlabel("cap on mean freeze ratio per stage")
     ax.set_ylabel("predicted speedup over no freezing")
     ax.set_title("TimelyFreeze plan (solid) vs uniform freezing at the same mean (dashed)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if learning:
+        g = axes[0][1]
+        g.axhline(1.0, color="gray", linewidth=0.8)
+        g.set_xlabel("cap on mean freeze ratio per stage")
+        g.set_ylabel("predicted goodput over no freezing")
+        g.set_title("goodput: makespan plan (solid), goodput plan (dotted); below 1 freezing costs", fontsize=9)
+        g.grid(alpha=0.3)
+        g.legend(fontsize=8)
     import io
 
     buf = io.BytesIO()

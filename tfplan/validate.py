@@ -102,10 +102,10 @@ def check_order(
 
     for s in range(num_stages):
         for m in range(num_microbatches):
-            if Action(s, "F", m) not in where:
+            if (s, "F", m) not in where:
                 _fail(order, f"stage {s}, micro-batch {m} has no forward ({s}F{m})")
-            has_b = Action(s, "B", m) in where
-            has_i, has_w = Action(s, "I", m) in where, Action(s, "W", m) in where
+            has_b = (s, "B", m) in where
+            has_i, has_w = (s, "I", m) in where, (s, "W", m) in where
             if not has_b and not (has_i or has_w):
                 _fail(order, f"stage {s}, micro-batch {m} has no backward ({s}B{m} or {s}I{m} + {s}W{m})")
             if has_i and not has_w:
@@ -117,15 +117,19 @@ def _check_dependencies(
     order: Sequence[Sequence[Action]], a: Action, cell: tuple[int, int], seen: dict[Action, tuple[int, int]]
 ) -> None:
     """Within a stage (one rank, so list order is time order): F before B/I, I before W, not B and I/W."""
+    # Plain tuples as keys: an Action is a NamedTuple, equal to (and hashed as) its tuple, and building one
+    # costs several times more (this runs once per action, a million times for the largest schedules).
     rank, step = cell
-    s, m = a.stage, a.mb
-    if a.kind in ("B", "I") and Action(s, "F", m) not in seen:
+    s, kind, m = a
+    if kind == "F":
+        return
+    if kind in ("B", "I") and (s, "F", m) not in seen:
         _fail(order, f"rank {rank}, step {step}: {a} runs before its forward {s}F{m}", cell)
-    if a.kind == "W" and Action(s, "I", m) not in seen:
+    if kind == "W" and (s, "I", m) not in seen:
         _fail(order, f"rank {rank}, step {step}: {a} runs before its input-gradient step {s}I{m}", cell)
-    if a.kind == "B" and (Action(s, "I", m) in seen or Action(s, "W", m) in seen):
+    if kind == "B" and ((s, "I", m) in seen or (s, "W", m) in seen):
         _fail(order, f"rank {rank}, step {step}: {a} duplicates the split backward {s}I{m}/{s}W{m}", cell)
-    if a.kind == "I" and Action(s, "B", m) in seen:
+    if kind == "I" and (s, "B", m) in seen:
         _fail(order, f"rank {rank}, step {step}: {a} duplicates the full backward {s}B{m}", cell)
 
 

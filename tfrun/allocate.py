@@ -19,6 +19,13 @@ window, each tensor receives gradient from at least one micro-batch as soon as t
 adds up to one turn (e.g. 8 micro-batches at r = 0.9 give 0.8 of a turn per step). i.i.d. random subsets
 instead leave a tensor frozen in all M micro-batches of a step with probability about r^M (0.43 at 0.9, M=8).
 
+Note [goodput order]: under the `goodput` policy (tfrun.freezing) the rotation runs for one turn of each
+window only, so every tensor still learns in every window that has a turn's worth of unfrozen cost; after
+it, each cell keeps unfrozen the tensors with the most learning per ms of their weight-gradient work first
+(`priority`, highest first: tfrun.freezing.goodput_priority), so the plan's freezing falls on the tensors
+whose updates the noise-scale model says matter least. The budget is the rotation's: a cell's unfrozen share
+is at least what its allowance leaves, so the realised ratio never exceeds the plan's.
+
 Note [stage 0]: nothing needs an input gradient on stage 0, so the frozen set decides how far down its
 backward runs: a prefix (embedding, block 0, ...) prunes the backward below the first unfrozen tensor and
 its time falls linearly with r, as the LP assumes, while a random subset leaves the whole input-gradient
@@ -48,25 +55,30 @@ from collections.abc import Callable, Sequence
 EPS = 1e-9  # slack for float sums of ratios (0.9 x 10 must count as 9 skips)
 
 
-def rotate(costs: Sequence[float], order: Sequence[int], allowance: Sequence[Sequence[float]]
-           ) -> list[list[frozenset[int]]]:
+def rotate(costs: Sequence[float], order: Sequence[int], allowance: Sequence[Sequence[float]],
+           priority: Sequence[float] | None = None) -> list[list[frozenset[int]]]:
     """Note [rotation]: frozen tensor indices per cell of one window.
 
     Args:
         costs: (N,) cost per tensor (> 0 in total).
         order: a permutation of range(N), the cyclic order of this window.
         allowance: (W, M) allowance per (step of the window, micro-batch), each in [0, 1].
+        priority: (N,) learning per unit of cost of each tensor, or None; with it, the rotation stops after one
+            turn and later cells keep the highest-priority tensors unfrozen (Note [goodput order]).
     Returns:
         (W, M) frozen sets; each cell's frozen cost share is at most its action's accumulated allowance
         (Note [window budget]).
 
     >>> rotate([1, 1, 1, 1], [0, 1, 2, 3], [[0.5, 0.5]])
     [[frozenset({2, 3}), frozenset({0, 1})]]
+    >>> rotate([1, 1, 1, 1], [0, 1, 2, 3], [[0.5, 0.5], [0.5, 0.5]], priority=[0.1, 0.4, 0.2, 0.3])
+    [[frozenset({2, 3}), frozenset({0, 1})], [frozenset({0, 2}), frozenset({0, 2})]]
     """
     total = float(sum(costs))
     share = [c / total for c in costs]
     n = len(order)
-    cursor = 0
+    ranked = sorted(range(n), key=lambda i: (-priority[i], i)) if priority is not None else None
+    cursor, turned = 0, 0.0
     carry = [0.0] * (len(allowance[0]) if allowance else 0)
     out = []
     for row in allowance:
@@ -77,16 +89,32 @@ def rotate(costs: Sequence[float], order: Sequence[int], allowance: Sequence[Seq
                 cells.append(frozenset())
                 continue
             need = 1.0 - budget  # unfrozen share this cell must keep
-            block, got = 0, 0.0
-            while got < need - EPS and block < n:
-                got += share[order[(cursor + block) % n]]
-                block += 1
-            frozen = frozenset(order[(cursor + k) % n] for k in range(block, n))
+            if ranked is not None and turned >= 1.0 - EPS:  # the turn is done: the most valuable stay unfrozen
+                keep, got = _fill(ranked, share, need)
+                frozen = frozenset(range(n)) - keep
+            else:
+                block, got = 0, 0.0
+                while got < need - EPS and block < n:
+                    got += share[order[(cursor + block) % n]]
+                    block += 1
+                frozen = frozenset(order[(cursor + k) % n] for k in range(block, n))
+                cursor = (cursor + block) % n
+                turned += got
             carry[m] = max(0.0, budget - sum(share[i] for i in frozen))
-            cursor = (cursor + block) % n
             cells.append(frozen)
         out.append(cells)
     return out
+
+
+def _fill(ranked: Sequence[int], share: Sequence[float], need: float) -> tuple[frozenset[int], float]:
+    """The first tensors of `ranked` whose shares reach `need`, and their share."""
+    keep, got = [], 0.0
+    for i in ranked:
+        if got >= need - EPS:
+            break
+        keep.append(i)
+        got += share[i]
+    return frozenset(keep), got
 
 
 def prefix(costs: Sequence[float], order_of: Callable[[int, int], Sequence[int]],

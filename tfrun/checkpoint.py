@@ -103,7 +103,7 @@ def _write_durable(path: Path, write) -> tuple[int, str]:
 
 
 def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, freezer, metrics: list[dict],
-         online=None, *, run: dict[str, Any] | None = None, keep: int = 0, dp: int = 1) -> None:
+         online=None, *, noise=None, run: dict[str, Any] | None = None, keep: int = 0, dp: int = 1) -> None:
     """Save this pipeline rank's state for resuming at `step` (steps completed); every process calls it (Note
     [checkpoint commit]), replica 0 of each pipeline rank writes. `run` is the run's identity for the index;
     `keep` the complete checkpoints to keep (0: all); `dp` the replicas."""
@@ -124,6 +124,7 @@ def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, fre
         "freezer": freezer.state_dict(),
         "metrics": metrics if rank == 0 else None,
         "online": online.state_dict() if online is not None else None,
+        "noise": noise.state_dict() if noise is not None else None,
     }
     size, sha = _write_durable(path, lambda stream: torch.save(state, stream))
     parts = [None] * dist.get_world_size() if rank == 0 else None
@@ -164,7 +165,7 @@ def _step_folders(out: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer, online=None, *,
+def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer, online=None, *, noise=None,
          step: int | None = None) -> tuple[int, list[dict]]:
     """Restore this rank's state from checkpoint `step` (chosen by tfrun.setup; None: latest.json's);
     returns (next step, metrics so far)."""
@@ -184,6 +185,8 @@ def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer, onlin
     freezer.load_state_dict(state["freezer"])
     if online is not None and state.get("online") is not None:
         online.load_state_dict(state["online"])
+    if noise is not None and state.get("noise") is not None:
+        noise.load_state_dict(state["noise"])
     metrics = state["metrics"] or []
     return int(state["step"]), metrics
 
@@ -207,7 +210,9 @@ def index_from_dict(obj: Any) -> dict[str, Any]:
         if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "step" else 1):
             raise TfrunError(f"index.{key}: must be an integer >= {0 if key == 'step' else 1}")
     files = obj.get("files")
-    if not isinstance(files, dict) or set(files) != {f"rank{r}.pt" for r in range(obj["world_size"])}:
+    # the length first: a damaged world_size of 10**12 must not build a set of that many names
+    if not isinstance(files, dict) or len(files) != obj["world_size"] or set(files) != {
+            f"rank{r}.pt" for r in range(obj["world_size"])}:
         raise TfrunError(f"index.files: must name rank0.pt .. rank{obj['world_size'] - 1}.pt")
     for name, entry in files.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or isinstance(

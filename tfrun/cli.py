@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from tfplan.cli import user_errors
+from tfrun.config import APF_STABLE_SHARE, NOISE_EVERY
 from tfrun.errors import TfrunError
 
 app = typer.Typer(
@@ -53,7 +54,7 @@ def train_cmd(
         str, typer.Option("--freeze-method", help="detach (forward with frozen weights detached) or grad.")
     ] = "detach",
     freeze_policy: Annotated[
-        str, typer.Option("--freeze-policy", help=(
+        str | None, typer.Option("--freeze-policy", help=(
             "Which tensors an action freezes. auto (default): stage 0 freezes its front layers (a prefix, "
             "linear in time as planned) whenever the plan leaves one of its micro-batches unfrozen, rotating "
             "random subsets otherwise; other stages freeze rotating random subsets; every tensor keeps "
@@ -61,8 +62,10 @@ def train_cmd(
             "prefix: stage 0 always freezes its front layers: planned speed, but the front stops learning "
             "while the ratios stay high (costs eval loss: docs/benchmarks.md). skip: whole backwards skipped "
             "in a share r of steps (steps vary: slower than planned, trains worst). weighted: stage 0 draws "
-            "front-weighted random subsets (the paper's code)."))
-    ] = "auto",
+            "front-weighted random subsets (the paper's code). goodput: as auto on stage 0; elsewhere one "
+            "rotating turn per window, then the tensors with the least learning per ms frozen first (from the "
+            "measured noise scale); the default under --objective goodput."))
+    ] = None,
     ramp_steps: Annotated[
         int | None, typer.Option("--ramp-steps", help="Ramp ratios from 0 over K steps (default 0; timely 15).")
     ] = None,
@@ -132,6 +135,10 @@ def train_cmd(
     ] = None,
     threads: Annotated[int, typer.Option("--threads", help="Compute threads per rank (CPU).")] = 1,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    noise_every: Annotated[
+        int, typer.Option("--noise-every", help="Measure each stage's gradient noise scale every K steps (0: off); "
+                                                "summary.json and metrics.jsonl report it.")
+    ] = NOISE_EVERY,
     schedule: Annotated[str | None, typer.Option("--schedule", help="timely without --plan: the schedule.")] = None,
     ranks: Annotated[int | None, typer.Option("--ranks", help="timely without --plan: pipeline ranks.")] = None,
     microbatches: Annotated[
@@ -159,9 +166,18 @@ def train_cmd(
     replan_window: Annotated[
         int, typer.Option("--replan-window", help="timely: steps per drift check.")
     ] = 20,
+    objective: Annotated[
+        str, typer.Option("--objective", help="timely: makespan (the fastest plan within the caps) or goodput (the "
+                                              "most predicted learning per second, from the noise scale measured "
+                                              "in the monitor phase; freezing nothing when it does not pay).")
+    ] = "makespan",
     apf_threshold: Annotated[float, typer.Option("--apf-threshold", help="apf: stability threshold.")] = 0.05,
     apf_ema: Annotated[float, typer.Option("--apf-ema", help="apf: moving-average factor.")] = 0.99,
     apf_check_every: Annotated[int, typer.Option("--apf-check-every", help="apf: steps between checks.")] = 10,
+    apf_stable_share: Annotated[
+        float, typer.Option("--apf-stable-share", help="apf: a tensor freezes when this share of its scalars is "
+                                                       "stable.")
+    ] = APF_STABLE_SHARE,
     autofreeze_percentile: Annotated[
         float, typer.Option("--autofreeze-percentile", help="autofreeze: rate percentile that freezes.")
     ] = 50.0,
@@ -186,18 +202,20 @@ def train_cmd(
     with user_errors(TfrunError):
         config = setup.train_config(
             plan_path=plan, model=model, steps=steps, seed=seed, out_dir=setup.out_dir(out, resume), freeze=freeze,
-            freeze_method=freeze_method, freeze_policy=freeze_policy, redraw_every=redraw_every,
+            freeze_method=freeze_method, redraw_every=redraw_every,
+            freeze_policy=freeze_policy or ("goodput" if objective == "goodput" else "auto"), objective=objective,
             ramp_steps=ramp_steps if ramp_steps is not None else (15 if freeze == "timely" else 0),
             max_stale_steps=max_stale_steps, schedule=schedule, ranks=ranks, microbatches=microbatches,
             stages_per_rank=stages_per_rank, max_freeze_ratio=_caps(max_freeze_ratio), warmup_steps=warmup_steps,
             monitor_steps=monitor_steps, probe_steps=probe_steps, replan_threshold=replan_threshold,
             replan_window=replan_window, apf_threshold=apf_threshold, apf_ema=apf_ema,
-            apf_check_every=apf_check_every, autofreeze_percentile=autofreeze_percentile,
-            autofreeze_check_every=autofreeze_check_every, init_from=init_from, dp=dp,
+            apf_check_every=apf_check_every, apf_stable_share=apf_stable_share,
+            autofreeze_percentile=autofreeze_percentile, autofreeze_check_every=autofreeze_check_every,
+            init_from=init_from, dp=dp,
             grad_rescale=grad_rescale, microbatch_size=microbatch_size, global_batch=global_batch,
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
             checkpoint_minutes=checkpoint_minutes, keep_checkpoints=keep_checkpoints, force=force,
-            resume=resume is not None, data_path=data, threads=threads, quiet=quiet,
+            resume=resume is not None, data_path=data, threads=threads, quiet=quiet, noise_every=noise_every,
             tokenizer_path=tokenizer, token_dtype=token_dtype, token_cache_dir=token_cache, precision=precision,
         )
         if launch.under_torchrun():
@@ -227,8 +245,9 @@ def compare_cmd(
     force: Annotated[bool, typer.Option("--force", help="Compare runs of another model, data, seed or batch.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
-    """What each method buys and costs: tokens/s and speedup against the unfrozen run, realised freeze ratio,
-    final train and eval loss, eval gap (also against the unfrozen run after the same training time) and the
+    """What each method buys and costs: training time (wall time, evaluation excluded), tokens/s over it and
+    the speedup against the unfrozen run (and, labelled, the median step's), realised freeze ratio, final
+    train and eval loss, eval gap (also against the unfrozen run after the same training time) and the
     training time to reach the unfrozen run's final eval loss.
 
     Example: tfrun compare runs/none runs/plan runs/apf --plot compare.png
@@ -250,17 +269,19 @@ def compare_cmd(
         if as_json:
             print(json.dumps(result))
             return
-        table = Table(title=f"against {base.dir} (target eval loss {result['target_eval_loss']:.4f})",
-                      title_justify="left", show_edge=False)
-        for col in ("run", "method", "tokens/s", "speedup", "freeze ratio", "train loss", "eval loss", "eval gap",
-                    "gap at equal time", "time to target"):
+        table = Table(title=f"against {base.dir} (target eval loss {result['target_eval_loss']:.4f}; training time "
+                            "is wall time, evaluation excluded)", title_justify="left", show_edge=False)
+        for col in ("run", "method", "training time", "tokens/s", "speedup", "median step speedup", "freeze ratio",
+                    "train loss", "eval loss", "eval gap", "gap at equal time", "time to target"):
             table.add_column(col, justify="left" if col in ("run", "method") else "right")
         for row in result["runs"]:
             ratio = (" ".join(f"{r:.2f}" for r in row["freeze_ratio_per_stage"] or []) if per_stage
                      else f"{row['mean_freeze_ratio']:.3f}")
             reached = row["time_to_target_s"]
-            table.add_row(Path(row["dir"]).name, row["method"], f"{row['tokens_per_s']:.0f}",
-                          f"{row['speedup']:.3f}", ratio, f"{row['final_train_loss']:.4f}",
+            table.add_row(Path(row["dir"]).name, row["method"],
+                          f"{row['training_s']:.1f} s" + ("" if row["wall_time"] else " (steps only)"),
+                          f"{row['tokens_per_s']:.0f}", f"{row['speedup']:.3f}", f"{row['step_speedup']:.3f}", ratio,
+                          f"{row['final_train_loss']:.4f}",
                           f"{row['final_eval_loss']:.4f}" if row["final_eval_loss"] is not None else "-",
                           f"{row['eval_gap']:+.2%}" if row["eval_gap"] is not None else "-",
                           f"{row['eval_gap_same_time']:+.2%}" if row["eval_gap_same_time"] is not None else "-",
@@ -313,17 +334,26 @@ def profile_cmd(
     work_dir: Annotated[
         str | None, typer.Option("--work-dir", help="Keep the measuring runs here (default: a temp folder).")
     ] = None,
+    init_from: Annotated[
+        str | None, typer.Option("--init-from", help="Measure from this run's latest weights (the noise scale "
+                                                     "depends on them: a fine-tuning job's checkpoint).")
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option("--data", help="Training text file, or 'stdlib' (as tfrun train).")
+    ] = None,
 ) -> None:
     """Measure a profile inside the pipeline: nothing frozen, then everything frozen, with the schedule itself
     and its counterpart of the other backward style (tfrun.profiling); writes tfplan's format and warns when
-    a measurement is unstable."""
+    a measurement is unstable. The unfrozen run also measures each stage's gradient noise scale (the profile's
+    noise section, for `tfplan solve --objective goodput`), at --init-from's weights if given."""
     from tfrun import profiling
 
     with user_errors(TfrunError):
         prof = profiling.measure(
             model=model, num_ranks=stages, num_microbatches=microbatches, schedule=schedule,
             stages_per_rank=stages_per_rank, steps=steps, microbatch_size=microbatch_size, seq_len=seq_len,
-            threads=threads, seed=seed, work_dir=work_dir, repeat=repeat, dp=dp, precision=precision,
+            threads=threads, seed=seed, work_dir=work_dir, repeat=repeat, dp=dp, init_from=init_from, data_path=data,
+            precision=precision,
         )
         from tfplan.fileio import write_json_atomic
 

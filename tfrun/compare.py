@@ -1,13 +1,19 @@
 """`tfrun compare DIR...`: what each freezing method buys and costs, from the runs' own files.
 
-One row per run: method, tokens/s and speedup against the baseline (the `--freeze none` run among them, or
-`--baseline DIR`), the realised mean freeze ratio (over stages and steps), final train and eval loss, the
-eval gap to the baseline and the time to target: the training wall time (the sum of step times, evaluation
-excluded, as every run evaluates alike) until the run's eval loss first reaches the baseline's final eval
-loss, or None. And the gap at equal time: the run's final eval loss against the baseline's eval loss after
-the same training time (linear between the baseline's evaluations; None outside them), which is what a
-faster method that ends at a higher loss must beat: the baseline stopped early. Runs that are not
-comparable (model, data, seed, batch shape) are refused unless forced.
+Training time is wall time (tfrun.wallclock Note [wall time]): every step's compute and everything between
+steps (the online mode's solves and drift checks, the baselines' statistics, metrics, checkpoints), with
+evaluation left out, as every run evaluates alike. Runs written before wall_ms existed count their step
+times only, and say so (`wall_time` false).
+
+One row per run: method; tokens/s over the whole run (its tokens over its training time) and the speedup that
+gives against the baseline (the `--freeze none` run among them, or `--baseline DIR`); beside it, labelled,
+the median per-step tokens/s and its ratio (the steady state, without the time between steps); the realised
+mean freeze ratio (over stages and steps); final train and eval loss; the eval gap to the baseline; the time
+to target: the training time until the run's eval loss first reaches the baseline's final eval loss, or
+None; and the gap at equal time: the run's final eval loss against the baseline's eval loss after the same
+training time (linear between the baseline's evaluations; None outside them), which is what a faster
+method that ends at a higher loss must beat: the baseline stopped early. Runs that are not comparable
+(model, data, seed, batch shape) are refused unless forced.
 Reads only files (metrics.jsonl, summary.json, run_config.json); no torch.
 """
 
@@ -52,11 +58,27 @@ class Run:
         return name
 
     @property
+    def wall_time(self) -> bool:
+        """Whether every step carries its wall time (else training time is the sum of step times)."""
+        return all("wall_ms" in row for row in self.steps)
+
+    @property
+    def training_s(self) -> float:
+        """Training time: the sum of the steps' wall times (module docstring)."""
+        return sum(_seconds(row) for row in self.steps)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens trained on (every step)."""
+        per_step = _step_tokens(self.config)
+        return sum(row.get("tokens", per_step) for row in self.steps)
+
+    @property
     def eval_points(self) -> list[tuple[int, float, float]]:
         """(step, training seconds so far, eval loss) at every evaluation."""
         out, seconds = [], 0.0
         for row in self.steps:
-            seconds += row["step_time_ms"] / 1e3
+            seconds += _seconds(row)
             if "eval_loss" in row:
                 out.append((row["step"], seconds, row["eval_loss"]))
         return out
@@ -66,6 +88,17 @@ class Run:
         """Realised mean over stages and steps."""
         values = [statistics.fmean(row["freeze_ratio"]) for row in self.steps if row.get("freeze_ratio")]
         return statistics.fmean(values) if values else 0.0
+
+
+def _seconds(row: dict) -> float:
+    """A step's training time (s): its wall time, or its step time in runs written before wall_ms existed."""
+    return row.get("wall_ms", row["step_time_ms"]) / 1e3
+
+
+def _step_tokens(config: dict) -> int:
+    """Tokens per step from a run's config (rows written before `tokens` existed)."""
+    return (config.get("dp", 1) * config.get("microbatch_size", 0) * config.get("num_microbatches", 0)
+            * config.get("seq_len", 0))
 
 
 def _caps(run: Run) -> str:
@@ -147,6 +180,7 @@ def compare(runs: list[Run], base: Run) -> dict:
     """The comparison as JSON: {"baseline": DIR, "runs": [...]} (module docstring)."""
     target = base.summary.get("final_eval_loss")
     base_points = base.eval_points  # a property that walks every step: once, not once per run
+    base_speed = base.tokens / base.training_s
     rows = []
     for run in runs:
         s = run.summary
@@ -154,9 +188,12 @@ def compare(runs: list[Run], base: Run) -> dict:
         reached = next((sec for _, sec, loss in points if target is not None and loss <= target), None)
         last = points[-1] if points else None
         base_then = loss_at(base_points, last[1]) if last else None
+        training_s = run.training_s
         rows.append({
-            "dir": run.dir, "method": run.method, "tokens_per_s": s["tokens_per_s"],
-            "speedup": s["tokens_per_s"] / base.summary["tokens_per_s"],
+            "dir": run.dir, "method": run.method, "wall_time": run.wall_time, "training_s": training_s,
+            "tokens": run.tokens, "tokens_per_s": run.tokens / training_s,
+            "speedup": run.tokens / training_s / base_speed,
+            "step_tokens_per_s": s["tokens_per_s"], "step_speedup": s["tokens_per_s"] / base.summary["tokens_per_s"],
             "mean_freeze_ratio": run.mean_freeze_ratio,
             "freeze_ratio_per_stage": s.get("realised_freeze_ratio"),
             "final_train_loss": s["final_train_loss"], "final_eval_loss": s.get("final_eval_loss"),

@@ -15,6 +15,11 @@ from tfrun.errors import TfrunError
 
 FREEZE_MODES = ("plan", "none", "all", "timely", "uniform", "apf", "autofreeze", "timely+apf", "timely+autofreeze")
 PLANNED = ("plan", "uniform", "timely+apf", "timely+autofreeze")  # modes that apply `ratios`
+NOISE_EVERY = 5
+"""Default period of the noise-scale measurement, in steps (its cost: docs/benchmarks.md, "Noise scale")."""
+APF_STABLE_SHARE = 0.5
+"""Default share of a tensor's scalars that must be stable for APF to freeze it (tfrun.baselines Note [apf
+share]; measured in docs/results.md)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,16 +136,23 @@ class TrainConfig:
     """timely: re-plan when a (stage, kind)'s median measured / planned time is off by more (Note [drift])."""
     replan_window: int = 20
     """timely: steps per drift check in the stable phase."""
+    objective: str = "makespan"
+    """timely: what the in-run solve optimises: makespan (the fastest plan within the caps) or goodput (the
+    most predicted learning per second, from the noise scale measured in the monitor phase)."""
     apf_threshold: float = 0.05
     """apf: effective perturbation below which a tensor is stable (tfrun.baselines)."""
     apf_ema: float = 0.99
     """apf: factor of its moving averages."""
     apf_check_every: int = 10
     """apf: steps between stability checks."""
+    apf_stable_share: float = APF_STABLE_SHARE
+    """apf: a tensor freezes when this share of its scalars is stable (tfrun.baselines Note [apf share])."""
     autofreeze_percentile: float = 50.0
     """autofreeze: percentile of the layers' gradient-norm change rates below which a layer freezes."""
     autofreeze_check_every: int = 20
     """autofreeze: steps between checks."""
+    noise_every: int = NOISE_EVERY
+    """Measure the gradient noise scale every this many steps (0 = off; tfrun.noise Note [noise scale])."""
     dp: int = 1
     """Data-parallel replicas of the pipeline (world = dp x pipeline ranks; tfrun.rank)."""
     init_from: str | None = None
@@ -154,6 +166,14 @@ class TrainConfig:
     def global_batch(self) -> int:
         """Sequences per step over every replica: dp x micro-batch size x M."""
         return self.dp * self.microbatch_size * self.num_microbatches
+
+    def schedule(self):
+        """The run's schedule as tfplan's IR (tfplan.schedules.Schedule)."""
+        from tfplan import schedules
+        from tfplan.actions import parse_action
+
+        return schedules.from_order([[parse_action(a) for a in row] for row in self.order], name=self.schedule_name,
+                                    num_microbatches=self.num_microbatches)
 
     def compute_dtype(self, cuda: bool) -> str:
         """The torch dtype name a forward computes in ("float32" or "bfloat16") on a CUDA device or not."""
@@ -226,7 +246,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise TfrunError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("ramp_steps", "eval_every", "checkpoint_every", "timing_warmup_steps", "max_stale_steps",
-                     "warmup_steps", "monitor_steps", "probe_steps"):
+                     "warmup_steps", "monitor_steps", "probe_steps", "noise_every"):
             if getattr(self, name) < 0:
                 raise TfrunError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -234,6 +254,8 @@ class TrainConfig:
         if not 0 < self.apf_threshold < 1 or not 0 <= self.apf_ema < 1 or not 0 < self.autofreeze_percentile < 100:
             raise TfrunError("--apf-threshold must be in (0, 1), --apf-ema in [0, 1), --autofreeze-percentile in "
                              "(0, 100)")
+        if not 0 < self.apf_stable_share <= 1:
+            raise TfrunError(f"--apf-stable-share must be in (0, 1], got {self.apf_stable_share:g}")
         if self.init_from is not None and self.resume:
             raise TfrunError("--init-from starts a new run from another run's weights; --resume continues a run: "
                              "give one")
@@ -245,6 +267,11 @@ class TrainConfig:
         if self.freeze == "timely":
             if self.plan_path is None and (self.monitor_steps < 2 or self.probe_steps < 1):
                 raise TfrunError("--freeze timely needs --monitor-steps >= 2 and --probe-steps >= 1 (or a --plan)")
+            from tfrun.timing import KEPT_STEPS
+
+            if self.monitor_steps + self.probe_steps > KEPT_STEPS or self.replan_window > KEPT_STEPS:
+                raise TfrunError(f"--monitor-steps + --probe-steps and --replan-window must each be at most "
+                                 f"{KEPT_STEPS} (the steps whose timings a rank keeps)")
             if self.replan_window < 2 or not 0 < self.replan_threshold:
                 raise TfrunError(f"--replan-window must be >= 2 and --replan-threshold > 0, got "
                                  f"{self.replan_window} and {self.replan_threshold:g}")

@@ -20,6 +20,10 @@ Note [freeze policy] (`--freeze-policy`; measured in docs/benchmarks.md, "Freeze
             in 1000 steps at cap 0.9 under interleaved ZB). Rotating subsets elsewhere.
   weighted  stage 0 draws a random subset weighted towards the front (the paper's code), frozen as a
             prefix of that random order; rotating subsets elsewhere.
+  goodput   stage 0 as `auto`; elsewhere one rotating turn per window, then the tensors with the least learning
+            per ms of weight-gradient work frozen first (tfrun.allocate Note [goodput order]; the learning
+            from each tensor's measured noise scale and |G|^2, goodput_priority). Until the noise is measured,
+            as `auto`. The default under `--objective goodput`.
 Every policy plans a window of `redraw_every` steps at once (tfrun.allocate Note [window budget]): over
 every window a stage's realised mean ratio is at most its planned mean. Selections are functions of
 (seed, step, stage, micro-batch) and the Freezer's state, never of the data-parallel rank.
@@ -45,8 +49,8 @@ from tfrun import allocate
 
 log = logging.getLogger(__name__)
 
-AUTO, SKIP, RANDOM, PREFIX, WEIGHTED = "auto", "skip", "random", "prefix", "weighted"
-POLICIES = (AUTO, SKIP, RANDOM, PREFIX, WEIGHTED)
+AUTO, SKIP, RANDOM, PREFIX, WEIGHTED, GOODPUT = "auto", "skip", "random", "prefix", "weighted", "goodput"
+POLICIES = (AUTO, SKIP, RANDOM, PREFIX, WEIGHTED, GOODPUT)
 ROTATE = "rotate"  # the per-stage mode of `random` (and of other stages under auto/prefix/weighted)
 PREFIX_OR_ROTATE = "prefix|rotate"  # stage 0 under auto: tfrun.allocate Note [stage 0]
 
@@ -106,9 +110,34 @@ def stage_mode(policy: str, stage: int) -> str:
     """The selection mode a policy uses on a stage (Note [freeze policy])."""
     if policy == SKIP:
         return SKIP
-    if stage == 0 and policy in (AUTO, PREFIX, WEIGHTED):
-        return PREFIX_OR_ROTATE if policy == AUTO else policy
-    return ROTATE
+    if stage == 0 and policy in (AUTO, PREFIX, WEIGHTED, GOODPUT):
+        return PREFIX_OR_ROTATE if policy in (AUTO, GOODPUT) else policy
+    return GOODPUT if policy == GOODPUT else ROTATE
+
+
+def goodput_priority(cands: list[Candidate], estimates: Mapping[str, tuple[float, float]],
+                     batch_tokens: float) -> list[float] | None:
+    """Learning per unit of weight-gradient cost of each tensor (Note [goodput order] in tfrun.allocate): the
+    progress its first frozen micro-batches cost, g B N / (B + N)^2 with g its |G|^2 and N = tr(Sigma) / g its
+    noise scale (tfplan.goodput Note [goodput model]: d/dr of g e((1 - r) B) at r = 0), i.e.
+    B tr(Sigma) / (B + N)^2, per unit of cost. A tensor with no positive |G|^2 estimate carries no signal: 0.
+    None when no tensor has an estimate yet.
+
+    >>> goodput_priority([Candidate(name="a", cost=1.0), Candidate(name="b", cost=2.0)],
+    ...                  {"a": (1.0, 100.0), "b": (-1.0, 5.0)}, 100.0)
+    [0.25, 0.0]
+    """
+    if not estimates:
+        return None
+    out = []
+    for c in cands:
+        gsq, trace = estimates.get(c.name, (0.0, 0.0))
+        if gsq <= 0 or c.cost <= 0:
+            out.append(0.0)
+            continue
+        noise = max(trace, 0.0) / gsq
+        out.append(batch_tokens * max(trace, 0.0) / (batch_tokens + noise) ** 2 / c.cost)
+    return out
 
 
 class Freezer:
@@ -127,6 +156,8 @@ class Freezer:
             its frozen tensors, in every micro-batch of a step, and the ratios are ignored. With hybrid True
             the ratios decide how much each action freezes and the signal which tensors (its `preferred`
             ones first, METHOD.md section 5).
+        noise: the rank's tfrun.noise.NoiseMeter, whose per-tensor estimates order the `goodput` policy's
+            tensors (goodput_priority), with `batch_tokens` the step's batch in tokens.
 
     A plan can change during training (`set_plan`, the online mode): windows and the ramp then count from the
     step the new plan starts ("epoch"). `set_probe` freezes whole micro-batches on every stage for measuring
@@ -146,6 +177,8 @@ class Freezer:
         max_stale_steps: int = 0,
         signal=None,
         hybrid: bool = False,
+        noise=None,
+        batch_tokens: float = 0.0,
     ) -> None:
         assert redraw_every >= 1 and ramp_steps >= 0 and max_stale_steps >= 0 and policy in POLICIES
         self.stage_candidates = stage_candidates
@@ -165,6 +198,8 @@ class Freezer:
         """(first step, micro-batches per step) while probing (probe_microbatches), else None."""
         self.signal, self.hybrid = signal, hybrid
         self._preferred: dict[int, tuple[int, frozenset[str]]] = {}  # hybrid: stage -> (window, preferred names)
+        self.noise, self.batch_tokens = noise, batch_tokens
+        self._priority: dict[int, tuple[int, list[float] | None]] = {}  # goodput: stage -> (window, priorities)
         self._fixed: tuple[int, dict[int, Selection]] = (-1, {})  # a baseline's step -> stage -> Selection
 
     def set_plan(self, ratios: Mapping[tuple[int, int], float], start_step: int, ramp_steps: int) -> None:
@@ -173,6 +208,7 @@ class Freezer:
         self._plans.clear()
         self._debt.clear()
         self._preferred.clear()
+        self._priority.clear()
         self._forced = (-1, {})
 
     def set_probe(self, start_step: int, per_step: int) -> None:
@@ -216,10 +252,12 @@ class Freezer:
                 sel = self._selection(stage, {self._index(stage, n) for n in sel.names - forced})
         return sel
 
-    def before_optimizer(self, step: int, modules: dict) -> None:
-        """The step's gradients are complete (a baseline reads them, or snapshots the parameters)."""
+    def before_optimizer(self, step: int, modules: dict, frozen_counts: Mapping[tuple[int, str], int] | None = None,
+                         rescaled: bool = False) -> None:
+        """The step's gradients are complete (a baseline reads them: `frozen_counts` says how many micro-batches
+        each tensor was frozen in, `rescaled` whether --grad-rescale already scaled them to the full step)."""
         if self.signal is not None:
-            self.signal.before_optimizer(step, modules)
+            self.signal.before_optimizer(step, modules, frozen_counts, rescaled)
 
     def after_optimizer(self, step: int, modules: dict) -> None:
         """The parameters are updated (a baseline reads the update and may change its frozen set)."""
@@ -274,6 +312,12 @@ class Freezer:
                 cells = allocate.rotate(costs, rng.sample(range(len(cands)), len(cands)), allowance)
         elif mode == ROTATE:
             cells = allocate.rotate(costs, rng.sample(range(len(cands)), len(cands)), allowance)
+        elif mode == GOODPUT:
+            got = self._priority.get(stage)
+            if got is None or got[0] != window:  # the estimates as of the window's start (kept for a resume)
+                estimates = self.noise.tensor_estimates(stage) if self.noise is not None else {}
+                got = self._priority[stage] = (window, goodput_priority(cands, estimates, self.batch_tokens))
+            cells = allocate.rotate(costs, rng.sample(range(len(cands)), len(cands)), allowance, priority=got[1])
         else:
             orders = [[allocate.weighted_order(len(cands), rng) for _ in range(m)] for _ in range(w)]  # weighted
             cells = allocate.prefix(costs, lambda t, j: orders[t][j], allowance)
@@ -333,6 +377,7 @@ class Freezer:
             "stats": {s: st.state_dict() for s, st in self.stats.items()},
             "signal": self.signal.state_dict() if self.signal is not None else None,
             "preferred": {s: [w, sorted(names)] for s, (w, names) in self._preferred.items()},
+            "priority": {s: [w, values] for s, (w, values) in self._priority.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -345,6 +390,7 @@ class Freezer:
         if self.signal is not None and state.get("signal") is not None:
             self.signal.load_state_dict(state["signal"])
         self._preferred = {int(s): (int(w), frozenset(n)) for s, (w, n) in state.get("preferred", {}).items()}
+        self._priority = {int(s): (int(w), v) for s, (w, v) in state.get("priority", {}).items()}
         self._plans.clear()
         self._forced = (-1, {})
 

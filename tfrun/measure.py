@@ -15,6 +15,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tfplan import profile as profile_mod
@@ -37,10 +38,18 @@ FREEZE_STATS_VERSION = 1
 SUMMARY_VERSION = summary_format.SCHEMA_VERSION  # tfplan.summary validates summary.json
 
 
-def write_metrics(out: Path, metrics: list[dict]) -> None:
-    """metrics.jsonl, one JSON object per step (rewritten atomically)."""
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in metrics))
+class MetricsLog:
+    """metrics.jsonl: started afresh (atomically) with the rows a run starts from (a resume's, from its
+    checkpoint), then appended one line per record, so that a step costs O(1) whatever the run's length."""
+
+    def __init__(self, out: Path, rows: list[dict]) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / "metrics.jsonl"
+        write_text_atomic(self.path, "".join(json.dumps(row) + "\n" for row in rows))
+
+    def append(self, rows: list[dict]) -> None:
+        with self.path.open("a") as f:
+            f.write("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def step_rows(metrics: list[dict]) -> list[dict]:
@@ -52,27 +61,63 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime], stats: list[dict]) -> dict:
-    """summary.json: medians over the timed steps (after the ramp and the timing warm-up), the realised freeze
-    ratios (means over the steps after the ramp) and the per-tensor update extremes of freeze_stats.json.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OnlineRecord:
+    """What a summary needs of an online run (tfrun.online.OnlinePlanner.record)."""
 
-    Note [no timed step]: when the run is too short to time any step (steps <= ramp + timing warm-up), the
-    medians are over every step, warm-up included; summary.json then says so (timed_steps 0, timing_note)
-    and reports no prediction error (`caveats`)."""
+    bounds: list[tuple[str, int, int | None]]
+    """(phase, first step, end step or None)."""
+    plans: list[dict]
+    """Every plan put in force: {"step", "predicted_ms", "reason"}, in order."""
+    solve_s: list[float]
+    """Seconds of each in-run solve."""
+    planned_freeze_ratio: list[float] | None
+    """The plan in force at the end: mean ratio per stage (None: no plan yet)."""
+
+    @property
+    def stable_start(self) -> int:
+        return next(lo for name, lo, _ in self.bounds if name == "stable")
+
+
+def in_force_start(config: TrainConfig, online: OnlineRecord | None) -> int:
+    """The first step of the steps a run's medians are over (Note [steps in force])."""
+    return online.stable_start if online is not None else config.ramp_steps
+
+
+def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime], stats: list[dict],
+              online: OnlineRecord | None = None) -> dict:
+    """summary.json, for every kind of run (Note [steps in force]).
+
+    Note [steps in force]: the medians (step time, tokens/s) and the realised ratios are over the steps in
+    which the run's freezing is what it reports: after the ramp (a plan's ramp; an online run's stable phase),
+    and for the medians only timed steps (after the timing warm-up). The totals (tokens, training wall time,
+    evaluation time: tfrun.wallclock Note [wall time]) are over every step. An online run also reports each
+    plan it put in force against the stable steps it was in force for; its headline prediction is its first
+    plan's, measured against that plan's steps (the later plans were fitted to this run's own times).
+
+    Note [no timed step]: when the run is too short to time any step in force, the medians are over every
+    step, warm-up included; summary.json then says so (timed_steps 0, timing_note) and reports no prediction
+    error (`caveats`)."""
     metrics = step_rows(metrics)
-    timed = [row for row in metrics if row.get("timed")]
+    first = in_force_start(config, online)
+    in_force = [row for row in metrics if row["step"] >= first]
+    timed = [row for row in in_force if row.get("timed")]
+    note = None
     if not timed:
-        timed, note = metrics, (f"no timed step (steps {len(metrics)} <= ramp {config.ramp_steps} + timing warm-up "
-                                f"{config.timing_warmup_steps}): step_time_ms and tokens_per_s are medians over "
-                                f"all {len(metrics)} steps, warm-up included")
-    else:
-        note = None
-    full = [row for row in metrics if row["step"] >= config.ramp_steps] or metrics
+        timed, note = metrics, (f"no timed step after step {first} (the ramp and the timing warm-up): "
+                                f"step_time_ms and tokens_per_s are medians over all {len(metrics)} steps, "
+                                "warm-up included")
     step_ms = _median([row["step_time_ms"] for row in timed])
-    predicted = config.predicted_step_ms
     evals = [row["eval_loss"] for row in metrics if "eval_loss" in row]
     spans = makespans(records)
-    return {
+    wall_s = sum(_wall_ms(row) for row in metrics) / 1e3
+    tokens = sum(_tokens(config, row) for row in metrics)
+    plans = _plan_segments(online, timed, metrics[-1]["step"] + 1 if metrics else 0) if online is not None else []
+    if online is not None:  # the first plan against its own steps (Note [steps in force])
+        predicted, measured = (plans[0]["predicted_ms"], plans[0]["measured_ms"]) if plans else (None, None)
+    else:
+        predicted, measured = config.predicted_step_ms, step_ms
+    summary = {
         "schema_version": SUMMARY_VERSION,
         "schedule": config.schedule_name,
         "model": config.model,
@@ -87,16 +132,22 @@ def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime
         "timing_note": note,
         "step_time_ms": step_ms,
         "tokens_per_s": _median([row["tokens_per_s"] for row in timed]),
+        "tokens": tokens,
+        "train_wall_s": wall_s,
+        "eval_s": sum(row.get("eval_ms", 0.0) for row in metrics) / 1e3,
+        "wall_tokens_per_s": tokens / wall_s if wall_s > 0 else None,
         "measured_makespan_ms": _median(list(spans.values())),
         "predicted_step_ms": predicted,
-        "prediction_error": (step_ms - predicted) / predicted if predicted else None,
+        "prediction_error": (measured - predicted) / predicted if predicted and measured else None,
         "prediction_note": None,
         "mean_freeze_ratio": [
             _median([row["freeze_ratio"][s] for row in timed]) for s in range(config.num_stages)
         ],
-        "planned_freeze_ratio": planned_stage_means(config),
+        "planned_freeze_ratio": (online.planned_freeze_ratio or [0.0] * config.num_stages) if online is not None
+        else planned_stage_means(config),
         "realised_freeze_ratio": [
-            statistics.fmean(row["freeze_ratio"][s] for row in full) if full else 0.0 for s in range(config.num_stages)
+            statistics.fmean(row["freeze_ratio"][s] for row in in_force) if in_force else 0.0
+            for s in range(config.num_stages)
         ],
         "min_update_share": min((r["steps_updated"] / r["steps"] for r in stats if r["steps"]), default=None),
         "min_contribution_share": min(
@@ -105,6 +156,74 @@ def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime
         "longest_update_gap": max((r["longest_gap"] for r in stats), default=None),
         "final_train_loss": metrics[-1]["loss"] if metrics else None,
         "final_eval_loss": evals[-1] if evals else None,
+    }
+    summary |= _noise_fields(config, metrics)
+    if online is not None:
+        summary |= _online_fields(config, online, metrics, timed if note is None else [], plans, wall_s)
+    return summary
+
+
+def _noise_fields(config: TrainConfig, metrics: list[dict]) -> dict:
+    """`noise_scale_tokens` (per stage, the median over the measured steps of the smoothed estimate; null when
+    none was positive) and `grad_sq_share` (per stage, the median share of |G|^2; they sum to about 1), and
+    `noise_steps` (steps measured); {} when the run measured none (tfrun.noise Note [noise scale])."""
+    rows = [row for row in metrics if "noise_scale_tokens" in row]
+    if not rows:
+        return {}
+    scales, shares = [], []
+    for s in range(config.num_stages):
+        values = [row["noise_scale_tokens"][s] for row in rows if row["noise_scale_tokens"][s] is not None]
+        scales.append(statistics.median(values) if values else None)
+    for row in rows:  # shares only from steps that estimated every stage
+        total = sum(g for g in row["grad_sq"] if g is not None and g > 0)
+        if total > 0 and all(g is not None for g in row["grad_sq"]):
+            shares.append([max(g, 0.0) / total for g in row["grad_sq"]])
+    share = [statistics.median(col) for col in zip(*shares)] if shares else None
+    if share:
+        share = [x / sum(share) for x in share]  # medians of shares need not sum to 1: renormalised
+    return {"noise_scale_tokens": scales, "grad_sq_share": share, "noise_steps": len(rows)}
+
+
+def _wall_ms(row: dict) -> float:
+    """A step row's wall time (tfrun.wallclock); a row written before wall_ms existed counts its step time."""
+    return row.get("wall_ms", row["step_time_ms"])
+
+
+def _tokens(config: TrainConfig, row: dict) -> int:
+    return row.get("tokens", config.global_batch * config.seq_len)
+
+
+def _plan_segments(online: OnlineRecord, timed: list[dict], end_step: int) -> list[dict]:
+    """Each plan's prediction against the timed stable steps it was in force for (a re-plan starts a segment)."""
+    stable = [row for row in timed if row["step"] >= online.stable_start]
+    out = []
+    for k, p in enumerate(online.plans):
+        end = online.plans[k + 1]["step"] if k + 1 < len(online.plans) else end_step
+        segment = [row["step_time_ms"] for row in stable if p["step"] <= row["step"] < end]
+        measured = statistics.median(segment) if segment else None
+        out.append(p | {"measured_ms": measured, "steps": len(segment),
+                        "error": (measured - p["predicted_ms"]) / p["predicted_ms"] if measured else None})
+    return out
+
+
+def _online_fields(config: TrainConfig, online: OnlineRecord, metrics: list[dict], stable: list[dict],
+                   plans: list[dict], wall_s: float) -> dict:
+    """summary.json's online fields: phases, the stable phase's median step, each plan against its steps, the
+    share of wall time outside the stable phase, solves and re-plans."""
+    last = metrics[-1]["step"] if metrics else -1
+    phases = [{"name": n, "start_step": lo, "end_step": min(hi, last + 1) if hi is not None else last + 1}
+              for n, lo, hi in online.bounds if lo <= last]
+    outside = sum(_wall_ms(row) for row in metrics if row["step"] < online.stable_start) / 1e3
+    last_plan = next((p for p in reversed(plans) if p["measured_ms"] is not None), None)
+    return {
+        "phases": phases,
+        "stable_step_time_ms": _median([row["step_time_ms"] for row in stable]) if stable else None,
+        "stable_predicted_step_ms": last_plan["predicted_ms"] if last_plan else None,
+        "stable_prediction_error": last_plan["error"] if last_plan else None,
+        "outside_stable_share": outside / wall_s if wall_s > 0 else None,
+        "solve_s": online.solve_s,
+        "plans": plans,
+        "replans": sum(1 for p in online.plans if p["reason"].startswith("drift")),
     }
 
 
@@ -182,6 +301,8 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
             if lo in got and hi not in got and b is None:
                 row[hi] = row[lo]  # keep the file valid (frozen <= unfrozen); source says what was measured
             row[lo] = min(row[lo], row[hi])
+        if b is None:
+            _derive_other_backward_style(row, got)
         row["grad_bytes"] = 4.0 * stage_numel.get(s, 0)  # fp32 gradients: what data parallelism reduces
         rank = config.stage_to_rank[s]
         if rank in tails:
@@ -219,13 +340,27 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
         "threads_per_rank": config.threads,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         "measured_fields": measured,
-        "other_fields": "from the plan's profile" if base is not None else "0 (not measured by this run)",
+        "other_fields": "from the plan's profile" if base is not None else
+        "the other backward style derived from this run's (I = frozen B, W = B - frozen B; or B = I + W); else 0",
         "step_time_ms": step_time_ms,
         "replayed_step_ms": replay,
     }
     steps = len({r.step for r in replay_records})
     return dataclasses.replace(prof, source=source, quality=profile_quality(steps, spreads, gap),
                                step_overhead_ms=max(0.0, step_time_ms - replay) if replay is not None else 0.0)
+
+
+def _derive_other_backward_style(row: dict[str, float], measured: list[str]) -> None:
+    """With no base profile, a run measures only its own schedule's backward kinds; the others are derived so
+    the profile stays consistent (they do not enter a plan for this schedule): from a full backward,
+    I = frozen B and W = B - frozen B (frozen W = 0); from a split one, B = I + W and frozen B = I + frozen W."""
+    if "backward_ms" in measured:
+        row["backward_input_ms"] = row["backward_frozen_ms"]
+        row["backward_weight_ms"] = row["backward_ms"] - row["backward_frozen_ms"]
+        row["backward_weight_frozen_ms"] = 0.0
+    elif "backward_input_ms" in measured or "backward_weight_ms" in measured:
+        row["backward_ms"] = row["backward_input_ms"] + row["backward_weight_ms"]
+        row["backward_frozen_ms"] = row["backward_input_ms"] + row["backward_weight_frozen_ms"]
 
 
 def profile_quality(steps: int, spreads: dict[str, float], replay_gap: float | None) -> dict:
@@ -256,12 +391,9 @@ def replay_step(config: TrainConfig, records: list[ActionTime], prof: profile_mo
     action at its measured median duration plus the dispatch cost, the measured p2p lag, and each rank's
     tail after its last action; NaN if some action was never timed."""
     from tfplan import dag as dag_mod
-    from tfplan import schedules
-    from tfplan.actions import parse_action
     from tfplan.simulate import simulate
 
-    sched = schedules.from_order([[parse_action(a) for a in row] for row in config.order],
-                                 name=config.schedule_name, num_microbatches=config.num_microbatches)
+    sched = config.schedule()
     dag = dag_mod.build(sched, profile_mod.uniform(config.num_stages, p2p_ms=prof.p2p_ms))
     med = {a: row["duration_ms"] for a, row in action_table(records).items()}
     if len(med) < dag.num_nodes:

@@ -14,6 +14,11 @@ solved against F, I and W measured under that schedule itself.
 
 With `repeat` > 1 the four runs are repeated and the most consistent set kept (smallest largest spread plus
 replay gap of its primary run); every candidate's score is recorded in the profile's source.
+
+The primary-none run also measures each stage's gradient noise scale at every step (tfrun.noise; it costs
+about a reduction over each gradient per micro-batch), which the profile's noise section records: at the
+model's initialisation, or at the weights of `init_from` (the noise scale grows as the loss falls, so profile
+a fine-tuning job from its checkpoint) on the run's data.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ stability"."""
 def measure(
     *, model: str, num_ranks: int, num_microbatches: int, schedule: str, stages_per_rank: int | None, steps: int,
     microbatch_size: int, seq_len: int, threads: int, seed: int, work_dir: str | None, repeat: int = 1,
-    dp: int = 1, precision: str = "auto",
+    dp: int = 1, init_from: str | None = None, data_path: str | None = None, precision: str = "auto",
 ) -> profile_mod.Profile:
     """Run the measuring jobs (4 x repeat) and combine the most consistent set into one profile."""
     from tfrun.launch import launch
@@ -51,9 +56,11 @@ def measure(
     from tfrun import models
 
     models.check(model)  # an hf:DIR checkpoint is complete before any measuring run starts
-    if models.model_config(model).vocab_size < 256:
+    from tfrun.data import tokenfile
+
+    if models.model_config(model).vocab_size < 256 and not tokenfile.is_token_file(data_path):
         raise TfrunError(f"model {model}: profiling feeds byte-level text (ids < 256), the model's vocabulary has "
-                         f"{models.model_config(model).vocab_size}")
+                         f"{models.model_config(model).vocab_size}; pass a .bin token file as --data")
     model = models.absolute(model)
     if repeat < 1 or steps < 3:
         raise TfrunError(f"--repeat must be >= 1 and --steps >= 3, got {repeat} and {steps}")
@@ -73,13 +80,15 @@ def measure(
                 num_microbatches=num_microbatches, stage_to_rank=list(sched.stage_to_rank),
                 schedule_name=sched.name, freeze=freeze, model=model, steps=steps, seed=seed,
                 out_dir=str(folder / name), microbatch_size=microbatch_size, seq_len=seq_len, threads=threads,
-                eval_batches=1, quiet=True, timing_warmup_steps=2, dp=dp,
-                model_hash=models.model_hash(model), precision=precision,
+                eval_batches=1, quiet=True, timing_warmup_steps=2, dp=dp, init_from=init_from, data_path=data_path,
+                noise_every=1 if name == "primary-none" else 0, model_hash=models.model_hash(model),
+                precision=precision,
             )
             config.check()
             if launch(config) is not None:
                 raise TfrunError(f"profiling stopped by a signal during run {name} ({folder / name})")
-        prof = combine(folder, model=model, schedule=primary.name, num_stages=primary.num_stages, split=split)
+        prof = combine(folder, model=model, schedule=primary.name, num_stages=primary.num_stages, split=split,
+                       microbatch_tokens=microbatch_size * seq_len, init_from=init_from)
         candidates.append((score(prof), str(folder), prof))
     best = min(candidates, key=lambda c: c[0])
     if repeat == 1:
@@ -98,7 +107,8 @@ def _fields(prof: profile_mod.Profile) -> dict:
     return {f: getattr(prof, f) for f in prof.__dataclass_fields__}
 
 
-def combine(root: Path, *, model: str, schedule: str, num_stages: int, split: bool) -> profile_mod.Profile:
+def combine(root: Path, *, model: str, schedule: str, num_stages: int, split: bool, microbatch_tokens: int = 0,
+            init_from: str | None = None) -> profile_mod.Profile:
     """One profile from the four runs (which run gives which field: module docstring)."""
     profiles = {name: profile_mod.load(root / name / "profile.json") for name, *_ in RUNS}
     summaries = {name: summary_format.load(root / name / "summary.json") for name, *_ in RUNS}
@@ -145,5 +155,20 @@ def combine(root: Path, *, model: str, schedule: str, num_stages: int, split: bo
     return profile_mod.Profile(
         name=f"measured-{model}-{schedule}-{num_stages}stages", source=source, p2p_ms=base.p2p_ms,
         dispatch_ms=base.dispatch_ms, step_overhead_ms=base.step_overhead_ms, quality=quality, stages=tuple(stages),
-        dp=base.dp,
+        dp=base.dp, noise=_noise(summaries["primary-none"], microbatch_tokens, init_from),
     )
+
+
+def _noise(summary: dict, microbatch_tokens: int, init_from: str | None):
+    """The profile's noise section from the primary run's summary (tfrun.noise), or None when some stage had no
+    positive estimate."""
+    from tfplan.goodput import NoiseModel
+
+    scales, shares = summary.get("noise_scale_tokens"), summary.get("grad_sq_share")
+    if not scales or shares is None or any(x is None or x < 0 for x in scales) or microbatch_tokens < 1:
+        return None
+    where = f"the weights of {init_from}" if init_from else "initialisation"
+    return NoiseModel(noise_scale_tokens=tuple(scales), grad_sq_share=tuple(shares),
+                      microbatch_tokens=microbatch_tokens, source="measured",
+                      note=f"two-batch estimator (tfrun.noise), median over the {summary.get('noise_steps')} steps "
+                           f"of run primary-none, from {where}")

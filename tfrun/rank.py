@@ -29,6 +29,7 @@ from tfrun.config import PLANNED, TrainConfig
 from tfrun.errors import TfrunError
 from tfrun.freezing import Freezer, candidates
 from tfrun.models import build, loss_fn
+from tfrun.noise import NoiseMeter
 from tfrun.runtime import StepState, build_schedule, make_stage
 from tfrun.timing import ActionTimer
 
@@ -55,6 +56,8 @@ class Rank:
     runtime: object
     """torch's _PipelineScheduleRuntime fed with the plan's order."""
     optimizer: torch.optim.Optimizer
+    noise: NoiseMeter
+    """The gradient noise-scale meter of this rank's stages (tfrun.noise)."""
     frozen_digest: object = field(default_factory=hashlib.sha256)
     """Running hash of what every step froze on this rank (record_frozen), to prove replicas agree."""
 
@@ -119,6 +122,9 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
     local = [s for s, r in enumerate(config.stage_to_rank) if r == pp_rank]
     modules = {s: build(config.model, s, config.num_stages, config.seed, device=device) for s in local}
     stage_candidates = {s: candidates(m) for s, m in modules.items()}
+    noise = NoiseMeter(modules, stage_candidates, num_microbatches=config.num_microbatches,
+                       microbatch_tokens=config.microbatch_size * config.seq_len, every=config.noise_every,
+                       dp=config.dp, dp_group=dp_group)
     freezer = Freezer(
         stage_candidates,
         planned_ratios(config, local),
@@ -130,6 +136,8 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
         max_stale_steps=config.max_stale_steps,
         signal=signal(stage_candidates) if signal is not None else None,
         hybrid=config.freeze.startswith("timely+"),
+        noise=noise,
+        batch_tokens=config.global_batch * config.seq_len,
     )
     # Records carry the pipeline rank: replicas time the same actions (tfrun.timing medians over them).
     timer, state = ActionTimer(pp_rank, device, measured=dp_rank == 0), StepState(freezing=config.freeze != "none")
@@ -144,7 +152,8 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     return Rank(pp_rank=pp_rank, dp_rank=dp_rank, dp=config.dp, pp_group=pp_group, dp_group=dp_group,
-                modules=modules, freezer=freezer, timer=timer, state=state, runtime=runtime, optimizer=optimizer)
+                modules=modules, freezer=freezer, timer=timer, state=state, runtime=runtime, optimizer=optimizer,
+                noise=noise)
 
 
 def planned_ratios(config: TrainConfig, stages: list[int]) -> dict[tuple[int, int], float]:

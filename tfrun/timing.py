@@ -35,11 +35,17 @@ class ActionTime:
         return self.end_ms - self.start_ms
 
 
+KEPT_STEPS = 1000
+"""Timed steps whose records an ActionTimer keeps (the newest): what the run's summary, timings.json and measured
+profile take their medians over, and a bound on memory (8 ranks x M = 64 x F, I, W is 1,536 records a step)."""
+
+
 class ActionTimer:
     """Collects ActionTimes for the actions this rank runs, and spans of other per-step work (the optimizer),
-    only while `enabled` and on a `measured` process."""
+    only while `enabled` and on a `measured` process. Records are kept per step, the newest `kept_steps` timed
+    steps, so that adding one and reading a window of steps cost O(1) in the run's length."""
 
-    def __init__(self, rank: int, device: torch.device, measured: bool = True) -> None:
+    def __init__(self, rank: int, device: torch.device, measured: bool = True, kept_steps: int = KEPT_STEPS) -> None:
         self.rank = rank
         self.measured = measured
         """Whether this process's times are the run's measurement: with data parallelism only replica 0's
@@ -48,13 +54,36 @@ class ActionTimer:
         self.cuda = device.type == "cuda"
         self.enabled = False
         self.step = -1
-        self.records: list[ActionTime] = []
-        """Compute actions."""
-        self.spans: list[ActionTime] = []
-        """Other work, named in `action` (e.g. "optimizer": its step and zero_grad)."""
+        self.kept_steps = kept_steps
+        self._records: dict[int, list[ActionTime]] = {}
+        """Step -> its compute actions, oldest step first."""
+        self._spans: dict[int, list[ActionTime]] = {}
+        """Step -> other work, named in `action` (e.g. "optimizer": its step and zero_grad)."""
         self._t0 = 0.0
         self._pending: list[tuple[list, str, object, object]] = []  # CUDA: (target, name, start, end event)
         self._origin = None
+
+    @property
+    def records(self) -> list[ActionTime]:
+        """Every kept compute action, oldest step first."""
+        return [r for rows in self._records.values() for r in rows]
+
+    @property
+    def spans(self) -> list[ActionTime]:
+        """Every kept span of other work, oldest step first."""
+        return [r for rows in self._spans.values() for r in rows]
+
+    def window(self, first: int, end: int) -> tuple[list[ActionTime], list[ActionTime]]:
+        """(compute actions, spans) of the kept steps in [first, end)."""
+        steps = range(max(first, 0), end)
+        return ([r for s in steps for r in self._records.get(s, ())],
+                [r for s in steps for r in self._spans.get(s, ())])
+
+    def restore(self, records: list[ActionTime], spans: list[ActionTime]) -> None:
+        """Put back records taken before a resume (tfrun.online keeps its measuring steps' in the checkpoint)."""
+        for target, rows in ((self._records, records), (self._spans, spans)):
+            for r in sorted(rows, key=lambda r: r.step):
+                target.setdefault(r.step, []).append(r)
 
     def begin_step(self, step: int) -> None:
         """Mark the step start (call right after a barrier)."""
@@ -65,21 +94,25 @@ class ActionTimer:
         self._t0 = time.perf_counter()
 
     def end_step(self) -> None:
-        """Resolve CUDA events into ActionTimes (synchronises the device once)."""
+        """Resolve CUDA events into ActionTimes (synchronises the device once); drop the oldest kept step
+        beyond `kept_steps`."""
         if self.cuda and self._pending:
             torch.cuda.synchronize()
             for target, name, start, end in self._pending:
                 target.append(ActionTime(self.step, name, self.rank, self._origin.elapsed_time(start),
                                          self._origin.elapsed_time(end)))
             self._pending.clear()
+        for kept in (self._records, self._spans):
+            while len(kept) > self.kept_steps:
+                del kept[next(iter(kept))]
 
     def time(self, action: str, fn, *args, **kwargs):
         """Run fn(*args, **kwargs), recording its span as compute action `action` when enabled."""
-        return self._timed(self.records, action, fn, *args, **kwargs)
+        return self._timed(self._records, action, fn, *args, **kwargs)
 
     def span(self, name: str, fn, *args, **kwargs):
         """Run fn(*args, **kwargs), recording its span under `name` in `spans` when enabled."""
-        return self._timed(self.spans, name, fn, *args, **kwargs)
+        return self._timed(self._spans, name, fn, *args, **kwargs)
 
     def extend_last(self, fn, *args, **kwargs):
         """Run fn(*args, **kwargs) and count its time in the action recorded last: the runtime computes the
@@ -88,19 +121,21 @@ class ActionTimer:
         out = fn(*args, **kwargs)
         if not (self.enabled and self.measured):
             return out
-        if self.cuda and self._pending and self._pending[-1][0] is self.records:
+        current = self._records.get(self.step)
+        if self.cuda and self._pending and self._pending[-1][0] is current:
             target, name, start, _ = self._pending[-1]
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._pending[-1] = (target, name, start, end)
-        elif not self.cuda and self.records and self.records[-1].step == self.step:
-            r = self.records[-1]
-            self.records[-1] = ActionTime(r.step, r.action, r.rank, r.start_ms, (time.perf_counter() - self._t0) * 1e3)
+        elif not self.cuda and current:
+            r = current[-1]
+            current[-1] = ActionTime(r.step, r.action, r.rank, r.start_ms, (time.perf_counter() - self._t0) * 1e3)
         return out
 
-    def _timed(self, target: list, name: str, fn, *args, **kwargs):
+    def _timed(self, by_step: dict[int, list[ActionTime]], name: str, fn, *args, **kwargs):
         if not (self.enabled and self.measured):
             return fn(*args, **kwargs)
+        target = by_step.setdefault(self.step, [])
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

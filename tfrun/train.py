@@ -18,12 +18,14 @@ from tfrun import baselines, checkpoint, measure
 from tfrun.config import TrainConfig
 from tfrun.data import Batches, eval_batches, rank_tokens, split_tokens
 from tfrun.models import stage_numel
+from tfrun.noise import NoiseMeter, noise_scale
 from tfrun.online import OnlinePlanner
 from tfrun.provenance import run_identity
 from tfrun.rank import Rank, build_rank, replica_rows
 from tfrun.runtime import StepState, evaluate_forward
 from tfrun.signals import StepControl, StopRequest
 from tfrun.timing import gather_records
+from tfrun.wallclock import WallClock
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +55,13 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
                                       num_batches=config.eval_batches)]
     out = Path(config.out_dir)
     has_first, has_last = 0 in local, config.num_stages - 1 in local
-    online = OnlinePlanner(config, freezer, timer, out, _stage_numel(config)) if config.freeze == "timely" else None
+    noise = r.noise
+    online = OnlinePlanner(config, freezer, timer, out, _stage_numel(config), noise) if config.freeze == "timely" \
+        else None
     metrics: list[dict] = []
     start = 0
     if config.resume:
-        start, metrics = checkpoint.load(out, r.pp_rank, modules, optimizer, batches, freezer, online,
+        start, metrics = checkpoint.load(out, r.pp_rank, modules, optimizer, batches, freezer, online, noise=noise,
                                          step=config.resume_step)
     elif config.init_from is not None:
         checkpoint.load_weights(Path(config.init_from), r.pp_rank, modules, config.num_ranks)
@@ -78,13 +82,16 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
 
     progress = _Progress(rank == 0 and not config.quiet, config.steps, start)
     control = StepControl(config, stop, device)
+    log_file = measure.MetricsLog(out, metrics) if rank == 0 else None
+    clock = WallClock()  # Note [wall time]
+    step_tokens = config.global_batch * config.seq_len
     for step in range(start, config.steps):
         if fault_hook is not None:
             fault_hook(step)
         x, y = (replica_rows(t, m, r.dp, r.dp_rank) for t in batches.batch_at(step))
         state.begin(step)
-        if online is not None:
-            metrics += online.before_step(step)
+        noise.begin_step(step, force=online is not None and online.measures_noise(step))
+        events = online.before_step(step) if online is not None else []
         losses: list = []
         dist.barrier()
         timer.enabled = step >= (config.timing_warmup_steps if online else max(config.ramp_steps,
@@ -93,7 +100,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         t0 = time.perf_counter()
         runtime.step(*((x.to(device),) if has_first else ()),
                      **({"target": y.to(device), "losses": losses} if has_last else {}))
-        timer.span("optimizer", _optimizer_step, r, config, step)
+        timer.span("optimizer", _optimizer_step, r, config, step, noise)
         dist.barrier()
         step_ms = (time.perf_counter() - t0) * 1e3
         timer.end_step()
@@ -102,23 +109,26 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         loss = _from_last_stage(sum(v.item() for v in losses) / config.num_microbatches if has_last else 0.0,
                                 has_last, device, r.dp)
         shares = _gather_shares(r, config.num_stages, config.num_microbatches)
-        row = {"step": step, "time": time.time(), "loss": loss, "step_time_ms": step_ms,
-               "tokens_per_s": config.global_batch * config.seq_len / (step_ms / 1e3),
-               "freeze_ratio": shares, "timed": timer.enabled}
+        row = {"step": step, "time": time.time(), "loss": loss, "step_time_ms": step_ms, "tokens": step_tokens,
+               "tokens_per_s": step_tokens / (step_ms / 1e3), "freeze_ratio": shares, "timed": timer.enabled}
+        if noise.measured_this_step:
+            row |= _gather_noise(noise, config.num_stages)
         last = step == config.steps - 1
         if (config.eval_every and (step + 1) % config.eval_every == 0) or last:
-            row["eval_loss"] = evaluate()
-        metrics.append(row)
+            row["eval_loss"], row["eval_ms"] = clock.excluded(evaluate)
+        after: list[dict] = []
         if online is not None:
             row["phase"] = online.phase(step)
-            online.record_shares(step, state.shares)
-            metrics += online.after_step(step, metrics)
-        if rank == 0:
-            measure.write_metrics(out, metrics)
+            after = online.after_step(step, metrics, state.shares)
+        row["wall_ms"] = clock.close()
+        new_rows = [*events, row, *after]
+        metrics += new_rows
+        if log_file is not None:
+            log_file.append(new_rows)
         progress.update(row)
         if control.after_step(step, last):
             checkpoint.save(out, r.pp_rank, step + 1, modules, optimizer, batches, freezer, metrics, online,
-                            run=run_identity(config), keep=config.keep_checkpoints, dp=config.dp)
+                            noise=noise, run=run_identity(config), keep=config.keep_checkpoints, dp=config.dp)
         if control.stopping:
             break
     progress.close()
@@ -131,18 +141,12 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     agree = r.replicas_agree()
     if rank != 0:
         return None
-    summary = measure.summarize(config, metrics, records, stats)
+    summary = measure.summarize(config, metrics, records, stats, online.record() if online is not None else None)
     if config.dp > 1:
         summary["replicas_froze_alike"] = agree
-    plan_profile = None
-    if online is not None:
-        summary |= online.summary(metrics)
-        summary["predicted_step_ms"] = summary["stable_predicted_step_ms"]
-        summary["prediction_error"] = summary["stable_prediction_error"]
-        plan_profile = online.profile()
     summary |= measure.caveats(config, summary)
     (out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
-    measure.write_outputs(out, config, summary, records, stats, spans, plan_profile)
+    measure.write_outputs(out, config, summary, records, stats, spans, online.profile() if online else None)
     return summary
 
 
@@ -155,7 +159,9 @@ def _gather_stats(r: Rank) -> list[dict] | None:
     """Every pipeline rank's per-tensor update statistics on rank 0 (freeze_stats.json rows), None elsewhere;
     replicas agree, so replica 0's."""
     freezer = r.freezer
-    rows = [{"stage": s, "name": c.name, "cost": c.cost, "numel": c.numel, **freezer.stats[s].row(i)}
+    signal = freezer.signal
+    rows = [{"stage": s, "name": c.name, "cost": c.cost, "numel": c.numel, **freezer.stats[s].row(i),
+             **(signal.row(s, c.name) if signal is not None and hasattr(signal, "row") else {})}
             for s, cands in sorted(freezer.stage_candidates.items()) for i, c in enumerate(cands)] \
         if r.dp_rank == 0 else []
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
@@ -170,6 +176,14 @@ def _from_last_stage(value: float, has_last: bool, device: torch.device, dp: int
     return float(t.item()) / dp
 
 
+def _gather_noise(noise: NoiseMeter, num_stages: int) -> dict:
+    """A measured step's metrics fields, every stage's on rank 0: `noise_scale_tokens` (smoothed, per stage;
+    null while |G|^2 is not positive) and `grad_sq` (smoothed |G|^2 per stage). Collective."""
+    both = noise.gathered()
+    return {"noise_scale_tokens": [noise_scale(*both[s]) if s in both else None for s in range(num_stages)],
+            "grad_sq": [both[s][0] if s in both else None for s in range(num_stages)]}
+
+
 def _gather_shares(r: Rank, num_stages: int, m: int) -> list[float]:
     """Realised mean frozen share per stage this step (every pipeline rank; replicas agree), for metrics."""
     parts: list = [None] * dist.get_world_size()
@@ -181,14 +195,15 @@ def _gather_shares(r: Rank, num_stages: int, m: int) -> list[float]:
     return per_stage
 
 
-def _optimizer_step(r: Rank, config: TrainConfig, step: int) -> None:
+def _optimizer_step(r: Rank, config: TrainConfig, step: int, noise: NoiseMeter) -> None:
     """The step's tail on this rank (timed as "optimizer"): the gradients averaged over the replicas
-    (tfrun.rank Note [data-parallel reduction]), --grad-rescale, a baseline's look at the gradients, the
-    optimizer step, the baseline's look at the update, and zero_grad."""
+    (tfrun.rank Note [data-parallel reduction]), the noise scale's step gradient (tfrun.noise), --grad-rescale,
+    a baseline's look at the gradients, the optimizer step, the baseline's look at the update, and zero_grad."""
     r.reduce_gradients()
+    noise.after_reduce(r.modules)
     if config.grad_rescale:
         _rescale(r.modules, r.state, config.num_microbatches)
-    r.freezer.before_optimizer(step, r.modules)
+    r.freezer.before_optimizer(step, r.modules, r.state.frozen_counts, config.grad_rescale)
     r.optimizer.step()
     r.freezer.after_optimizer(step, r.modules)
     r.optimizer.zero_grad(set_to_none=True)

@@ -48,16 +48,15 @@ def plans(valid: dict) -> None:
 
     _write("plans/empty.json", "")
     _write("plans/binary.json", bytes(range(256)) * 4)
-    _write("plans/not-json.json", '{"schema_version": 2, "schedule": ')
+    _write("plans/not-json.json", '{"schema_version": 3, "schedule": ')
     _write("plans/array.json", "[]\n")
     _write("plans/deep.json", "[" * 5_000 + "]" * 5_000)
     variant("schema-9", lambda o: o.update(schema_version=9))
     variant("no-schedule", lambda o: o.pop("schedule"))
     variant("bad-action", lambda o: o["schedule"]["order"][0].__setitem__(0, "0X0"))
-    freezable = next(i for i, a in enumerate(valid["actions"]) if a["max_ms"] > a["min_ms"])
-    variant("ratio-above-one", lambda o: o["actions"][freezable].update(freeze_ratio=1.5))
-    variant("ratio-nan", lambda o: o["actions"][freezable].update(freeze_ratio=float("nan")))
-    variant("missing-action", lambda o: o["actions"].pop())
+    variant("ratio-above-one", lambda o: o["freeze_ratio"][1].__setitem__(2, 1.5))
+    variant("ratio-nan", lambda o: o["freeze_ratio"][1].__setitem__(2, float("nan")))
+    variant("missing-action", lambda o: o["freeze_ratio"][1].pop())
     variant("cap-exceeded", lambda o: o.update(max_freeze_ratio=[0.1, 0.1]))
     variant("microbatches-string", lambda o: o["schedule"].update(num_microbatches="4"))
     variant("ranks-mismatch", lambda o: o["schedule"].update(num_ranks=3))
@@ -92,6 +91,16 @@ def profiles() -> None:
     variant("schema-0", lambda o: o.update(schema_version=0))
     variant("empty-stages", lambda o: o.update(stages=[]))
     variant("bool-number", lambda o: o["stages"][0].update(forward_ms=True))
+    # the noise section (schema 3, issue 21): negative, NaN, missing, or measured at another batch shape
+    noise = {"noise_scale_tokens": [1800.0, 2400.0], "grad_sq_share": [0.4, 0.6], "microbatch_tokens": 512,
+             "source": "measured"}
+    shaped = {"schema_version": 3, "source": {"kind": "measured", "microbatch_size": 4, "seq_len": 128}}
+    variant("no-noise", lambda o: o.update(shaped))
+    variant("noise-negative", lambda o: o.update(shaped, noise=noise | {"noise_scale_tokens": [1800.0, -5.0]}))
+    variant("noise-nan", lambda o: o.update(shaped, noise=noise | {"noise_scale_tokens": [float("nan"), 1.0]}))
+    variant("noise-missing-share", lambda o: o.update(shaped, noise={k: v for k, v in noise.items()
+                                                                     if k != "grad_sq_share"}))
+    variant("noise-other-shape", lambda o: o.update(shaped, noise=noise | {"microbatch_tokens": 64}))
 
 
 def configs(valid: dict) -> None:

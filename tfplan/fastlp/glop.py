@@ -1,4 +1,4 @@
-"""GLOP for fastlp's sparse LPs (fastlp_lp.SparseLP), with the settings of Note [LP tolerance] in tfplan.fastlp.
+"""GLOP for fastlp's sparse LPs (tied.SparseLP), with the settings of Note [LP tolerance] in tfplan.fastlp.phases.
 
 Part of tfplan.fastlp. solve_glop fills a model through model_builder's helper (one call per entry, no scipy)
 and hands it to pywraplp as a proto: pywraplp reports simplex iterations, honours a time limit and releases the
@@ -15,7 +15,7 @@ import numpy as np
 from ortools.linear_solver import linear_solver_pb2, pywraplp
 from ortools.linear_solver.python import model_builder_helper as mbh
 
-from tfplan.fastlp_lp import SparseLP
+from tfplan.fastlp.tied import SparseLP
 from tfplan.lp import GLOP_PARAMS, Deadline
 
 PLAN_PARAMS = "use_preprocessing: false primal_feasibility_tolerance: 1e-10"  # Note [LP tolerance]
@@ -42,7 +42,7 @@ class LPResult:
 
 class Race:
     """Solves of one LP by different methods in threads: the first result wins and the others are interrupted
-    (pywraplp's InterruptSolve; Note [LP tolerance] in tfplan.fastlp says why phase 3 races two simplexes)."""
+    (pywraplp's InterruptSolve; Note [LP tolerance] in tfplan.fastlp.phases says why phase 3 races two simplexes)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -72,7 +72,7 @@ def solve_glop(lp: SparseLP, params: str = "", time_limit_s: float | None = None
                duals: bool = False, race: Race | None = None) -> LPResult | None:
     """Solve with GLOP through pywraplp (as tfplan.solver); None unless OPTIMAL (or out of time, or lost a race).
 
-    params: GLOP parameters in text format (Note [LP tolerance] in tfplan.fastlp); time_limit_s: GLOP's own
+    params: GLOP parameters in text format (Note [LP tolerance] in tfplan.fastlp.phases); time_limit_s: GLOP's own
     limit (None = none); duals: also return the row duals; race: the Race this solve runs in.
     """
     start = time.perf_counter()

@@ -1,52 +1,7 @@
-"""An exact, fast solver for the three-phase TimelyFreeze LP (tfplan.lp; the same optima as tfplan.solver).
+"""The three phases of fastlp (Note [periodic compression] in tfplan.fastlp), each certified by U - L, and the plan.
 
-    from tfplan import schedules, profile, dag, fastlp
-    d = dag.build(schedules.generate("1f1b", 32, 512), profile.uniform(32))
-    sol = fastlp.solve(d, 0.9)          # an lp.Solution, like solver.solve(d, 0.9)
-
-The LP grows with the micro-batch count M but its hard part does not: pipeline schedules repeat the same
-per-rank pattern every micro-batch (or round), with the same per-stage costs. We solve two small LPs per
-phase whose sizes depend on the pipeline depth, not on M, and that sandwich the true optimum.
-
-Note [periodic compression]
-  Runs. For a period q, actions v = (stage, kind, m) and w = (stage, kind, m + q) are "shift-equal" when each
-  predecessor slot of w holds the shifted predecessor of v with the same lag (and w sits as many list
-  positions after v as is usual for that stage and kind). Maximal chains of shift-equal actions are runs:
-  the steady state of every stage and kind (fastlp_graph.Runs). All actions of a run have the same
-  durations, since costs are per stage.
-  Ties. Leaving `margin` periods free at both ends of each run, the rest of a run is tied to its first tied
-  action rep, off periods later: r_v = r_rep and t_v = t_rep + off * tau_run (fastlp_graph.Ties).
-  Upper bound U (fastlp_lp.tied_primal). Substituting the ties restricts the LP, so U >= OPT. The
-  substituted precedence rows collapse: rows with the same (run_u, run_v, off_v - off_u, lag) differ only in
-  off_u, on which they depend affinely, so the rows at the smallest and largest off_u imply all others. A
-  tied ratio column weighs as many actions as it stands for in the caps and objectives. Size: the untied
-  actions plus a few columns and rows per run.
-  Lower bound L (fastlp_lp.tied_dual, fastlp_bound). Write the dual of the full LP (a flow per precedence
-  row, a price per cap, ...) and tie its variables the same way: one flow for all rows of a group above, one
-  price per tied ratio bound. That restricts the (maximising) dual; dual constraints of tied actions that see
-  the same tied flows are identical and kept once, so the tied dual is about as small as the tied primal. Its
-  solution, expanded to one value per row of the full LP, is a dual vector y of the full LP, and L = b'y minus
-  the positive parts of (A'y - c) times the columns' finite upper bounds is a lower bound on OPT for ANY y
-  (fastlp_bound, Note [LP certificate] in tfplan.lp): GLOP's tolerances and the ties can only loosen it.
-  Exactness. A phase is certified (OPTIMAL) when U - L <= GAP_TOL max(1, |U|): the phase reports max(U, L)
-  and its gap U - L, and the last phase's tied primal solution, expanded to every action, is the plan.
-  Otherwise the margin grows (2 margin + 1) and the phase is solved again; once nothing is tied, the tied
-  primal is the full LP and its own row duals give L. Both bounds hold for any choice of ties, so a wrong
-  guess of the structure costs time, never correctness. The two LPs of a margin are solved in two threads
-  (GLOP releases the GIL).
-  Time limit. Every GLOP call gets what is left of the solve's time limit. When it runs out, the solve stops
-  at the first uncertified phase and returns the best tied primal point found so far (of that phase, or of
-  the last certified one) as a FEASIBLE plan with its gap, with a warning; with no feasible point at all it
-  raises lp.TimeLimitReached.
-  Margins. Phase 1 starts at 2 periods and usually needs no more. Phases 2-3 need more: their optima are
-  periodic only after the pipeline's fill and before its drain, and in between a stage with slack unfreezes
-  a block of about S (stages) of its last steady-state actions (measured: uniform 1F1B 8 x 96 needs 8,
-  heterogeneous 32 x 512 needs 32; too small a margin shows as U > L and costs a round). They start at the
-  cheaper of S for every run and margins aligned on the unfrozen schedule's timing (fastlp_margins.aligned_margins:
-  1F1B 32 x 512 then needs 5.2k LP columns instead of 7.8k). The LPs have O(S^2) columns whatever M is:
-  1F1B 32 x 512 and 32 x 16384 solve LPs of the same size, and 64 stages (~30k columns) take GLOP minutes.
-  The phases are chained as in Note [three-phase LP] (tfplan.lp): phase 2 bounds T by T1 (1 + 1e-9),
-  phase 3 the total freeze by R2 (1 + 1e-9) + 1e-9, with T1 and R2 the certified optima.
+solve() runs them in order; _certified() solves one phase, growing the margin until its bounds meet;
+_plan() expands the last phase's point to every action and re-simulates it.
 
 Note [LP tolerance]
   The plan is re-simulated, and its makespan should stay within the phase bound T1 (1 + 1e-9). A tied row
@@ -60,11 +15,11 @@ Note [LP tolerance]
   (the deviation objective of Note [three-phase LP]) has no steady winner: its tied primal took (seconds,
   primal simplex / dual simplex) 2.2 / 9.9 on uniform 1F1B 32 x 512, 2.3 / 0.9 heterogeneous, 2.2 / 1.0 on
   ZBV 16 x 256 and 93 / 22 on heterogeneous interleaved 1F1B 16 x 256 (a shared 2-core machine), so both
-  run in a race (fastlp_glop.Race) and the first to finish interrupts the other. Its tied dual uses the dual
+  run in a race (glop.Race) and the first to finish interrupts the other. Its tied dual uses the dual
   simplex (1.3 against 3.0 s on uniform 1F1B 32 x 512, even elsewhere); the tied duals of phases 1-2 keep the
   primal simplex (the dual simplex was slower there on every instance). Precision is bought only where it is
   missing: a safe bound L that misses GAP_TOL while GLOP's own dual value meets it is recomputed with
-  start-time windows, then from a dual solved more precisely (_tighter_bound, fastlp_bound); a gap U - L
+  start-time windows, then from a dual solved more precisely (_tighter_bound, bound); a gap U - L
   that misses GAP_TOL by a little (up to SANE_GAP) is re-tried with the tied primal polished by PLAN_PARAMS
   (a presolved U once came out 1.4e-9 relative above the optimum); and a plan past T1 (or the target)
   (1 + SIM_TOL) or past phase 3's total-freeze row (the dual simplex with presolve once returned a point 2x
@@ -91,11 +46,11 @@ import numpy as np
 
 from tfplan.dag import Dag
 from tfplan.errors import TfplanError
-from tfplan.fastlp_bound import Windows, from_primal_duals, from_tied_dual, safe_lower_bound
-from tfplan.fastlp_glop import DUAL_PARAMS, PLAN_PARAMS, RETRY_PARAMS, LPResult, Race, solve_glop, solve_lp
-from tfplan.fastlp_graph import GraphArrays, Runs, Ties
-from tfplan.fastlp_lp import INF, Compressed, Phase, SparseLP, expand_ratios, tied_dual, tied_primal
-from tfplan.fastlp_margins import Margins
+from tfplan.fastlp.bound import Windows, from_primal_duals, from_tied_dual, safe_lower_bound
+from tfplan.fastlp.glop import DUAL_PARAMS, PLAN_PARAMS, RETRY_PARAMS, LPResult, Race, solve_glop, solve_lp
+from tfplan.fastlp.graph import GraphArrays, Runs, Ties
+from tfplan.fastlp.margins import Margins
+from tfplan.fastlp.tied import INF, Compressed, Phase, SparseLP, expand_ratios, tied_dual, tied_primal
 from tfplan.lp import (
     FEASIBLE,
     GAP_TOL,
@@ -121,29 +76,6 @@ UNTIE_LIMIT = 20_000  # actions: up to here a plan past the bound is re-solved o
 SIM_TOL = 1.05e-9  # a plan's simulated makespan above T1 (1 + SIM_TOL) is re-solved (Note [LP tolerance])
 
 
-def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
-          time_limit_s: float | None = None) -> Solution:
-    """Solve the three-phase LP of tfplan.lp exactly, compressing repeating micro-batches.
-
-    Args:
-        dag: the action graph with d_min/d_max per node.
-        caps: the per-stage cap on the mean freeze ratio (one value for all stages, or one per stage).
-        target_makespan_ms: instead of the fastest plan, the least-freezing plan whose makespan is at most
-            this (phase 2 bounds T by it); must not be below the phase-1 optimum (lp.makespan_bound).
-        time_limit_s: seconds for the whole solve, None for none; when reached, the best plan so far comes
-            back FEASIBLE with its gap (Note [periodic compression], Time limit).
-
-    Returns:
-        A Solution with the same phase objectives as solver.solve (to the LP tolerance), backend "fastlp";
-        its status is OPTIMAL unless the time limit stopped it.
-
-    Raises:
-        TfplanError: bad caps, an unreachable target (lp.UnreachableTarget), the time limit reached before any
-            feasible plan (lp.TimeLimitReached), or GLOP failing on the uncompressed LP.
-    """
-    return _solve(dag, caps, target_makespan_ms, time_limit_s=time_limit_s)
-
-
 @dataclass(frozen=True, slots=True)
 class _Outcome:
     """One phase solved: its result, and its best tied primal point (the plan if it is the last phase)."""
@@ -154,12 +86,29 @@ class _Outcome:
     phase: Phase
 
 
-def _solve(
-    dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None, first_margin: int = 2,
-    margin: int | None = None, time_limit_s: float | None = None,
-) -> Solution:
-    """solve() with the margin schedule exposed for tests: phase 1 starts at first_margin, phases 2-3 at
-    `margin` (default: the cheaper of the stage count and time-aligned margins, Margins)."""
+def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
+          time_limit_s: float | None = None, *, first_margin: int = 2, margin: int | None = None) -> Solution:
+    """Solve the three-phase LP of tfplan.lp exactly, compressing repeating micro-batches.
+
+    Args:
+        dag: the action graph with d_min/d_max per node.
+        caps: the per-stage cap on the mean freeze ratio (one value for all stages, or one per stage).
+        target_makespan_ms: instead of the fastest plan, the least-freezing plan whose makespan is at most
+            this (phase 2 bounds T by it); must not be below the phase-1 optimum (lp.makespan_bound).
+        time_limit_s: seconds for the whole solve, None for none; when reached, the best plan so far comes
+            back FEASIBLE with its gap (Note [periodic compression], Time limit).
+        first_margin, margin: the margin schedule (Note [periodic compression], Margins): phase 1 starts at
+            first_margin periods, phases 2-3 at `margin` (None: the cheaper of the stage count and the
+            time-aligned margins). Tests set them to force the margin to grow.
+
+    Returns:
+        A Solution with the same phase objectives as solver.solve (to the LP tolerance), backend "fastlp";
+        its status is OPTIMAL unless the time limit stopped it.
+
+    Raises:
+        TfplanError: bad caps, an unreachable target (lp.UnreachableTarget), the time limit reached before any
+            feasible plan (lp.TimeLimitReached), or GLOP failing on the uncompressed LP.
+    """
     check_time_limit(time_limit_s)
     deadline = Deadline(limit_s=time_limit_s)
     start = deadline.start
@@ -211,7 +160,7 @@ def _solve(
 
 def _lower_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult | None, lower: LPResult | None,
                  windows: Windows | None = None) -> float:
-    """The safe lower bound L of fastlp_bound from the tied dual's solution or, untied, the primal's own duals;
+    """The safe lower bound L of tfplan.fastlp.bound from the tied dual's solution or, untied, the primal's own duals;
     -inf without a solution."""
     if c.ties.num_tied == 0:
         if upper is None or upper.duals is None:
@@ -227,7 +176,7 @@ def _lower_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult 
 def _tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult, lower: LPResult | None,
                    bound: float, margins: Margins, deadline: Deadline) -> tuple[float, int]:
     """When GLOP's own dual value meets GAP_TOL but the safe bound does not: the same dual vector with start-time
-    windows (fastlp_bound, Windows), then, if that is not enough, a more precise dual. Returns the best safe
+    windows (bound.Windows), then, if that is not enough, a more precise dual. Returns the best safe
     bound and the simplex iterations spent."""
     target = upper.objective - GAP_TOL * max(1.0, abs(upper.objective))
     windows = margins.windows()

@@ -7,7 +7,7 @@ Note [three-phase LP] in tfplan.lp:
   phase 3  min 2 sum e, also sum r <= r_ub, |A_s| mu_s = sum_{a in A_s} r_a, e_a >= r_a - mu_s (e_a >= 0).
 Tied actions share r, so they share e (= max(0, r - mu_s) at the optimum): a tied e column weighs as many
 actions as it stands for, like its r column; mu_s is one column per stage. dual_layout names the tied dual's columns,
-which tfplan.fastlp_bound expands into a dual vector of the full LP.
+which tfplan.fastlp.bound expands into a dual vector of the full LP.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tfplan.fastlp_graph import GraphArrays, Ties
+from tfplan.fastlp.graph import GraphArrays, Ties
 
 INF = float("inf")
 
@@ -36,7 +36,7 @@ class SparseLP:
     maximize: bool = False
     blocks: dict[str, slice] = field(default_factory=dict)
     """Row blocks by name (tied_primal: "prec", "sink", "cap", "total", "mean", "dev", "tau"), so
-    that the duals of an untied primal can be read as a dual vector of the full LP (fastlp_bound)."""
+    that the duals of an untied primal can be read as a dual vector of the full LP (tfplan.fastlp.bound)."""
     prec_rows: np.ndarray | None = None
     """tied_primal: the GraphArrays precedence row of each row of the "prec" block."""
 
@@ -55,7 +55,7 @@ class Phase:
     """Bound on sum of ratios (phase 3)."""
     t_max: float = INF
     """A bound on T that some optimal solution keeps (phase 1: the unfrozen makespan; phases 2-3: t_ub). Not a
-    row of the LP: the safe lower bound of fastlp_bound needs finite bounds on t and T."""
+    row of the LP: the safe lower bound of tfplan.fastlp.bound needs finite bounds on t and T."""
 
 
 class Compressed:

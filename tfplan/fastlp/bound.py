@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tfplan.fastlp_graph import GraphArrays
-from tfplan.fastlp_lp import Compressed, Phase, SparseLP, dual_layout
+from tfplan.fastlp.graph import GraphArrays
+from tfplan.fastlp.tied import Compressed, Phase, SparseLP, dual_layout
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,7 +1,7 @@
 """fastlp's margin schedule: how many periods of each run stay untied (Note [periodic compression], Margins).
 
-Part of tfplan.fastlp. Margins holds the schedule of margins and the current compression (fastlp_lp.Compressed)
-of one solve, and the start-time windows of fastlp_bound, built once when first needed.
+Part of tfplan.fastlp. Margins holds the schedule of margins and the current compression (tied.Compressed)
+of one solve, and the start-time windows of tfplan.fastlp.bound, built once when first needed.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from tfplan.dag import Dag
-from tfplan.fastlp_bound import Windows
-from tfplan.fastlp_graph import GraphArrays, Runs, Ties
-from tfplan.fastlp_lp import Compressed
+from tfplan.fastlp.bound import Windows
+from tfplan.fastlp.graph import GraphArrays, Runs, Ties
+from tfplan.fastlp.tied import Compressed
 
 
 class Margins:
@@ -39,7 +39,7 @@ class Margins:
         self._windows: Windows | None = None
 
     def windows(self) -> Windows:
-        """The start-time windows of fastlp_bound, computed on first use."""
+        """The start-time windows of tfplan.fastlp.bound, computed on first use."""
         if self._windows is None:
             self._windows = Windows.build(self.g)
         return self._windows
