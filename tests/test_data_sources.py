@@ -65,6 +65,7 @@ def test_tokenized_once_then_read_from_the_cache(tmp_path, tok_path, monkeypatch
     assert np.array_equal(second.tokens, first.tokens) and isinstance(second.tokens, np.memmap)
     in_rank = rank_tokens(str(data), token_cache=second.cache, token_dtype="uint16")
     assert np.array_equal(in_rank, first.tokens)
+    assert _open(second.cache).identity == first.identity  # the cache as a .bin file is the same data
     monkeypatch.undo()
     other = write_jsonl(tmp_path / "other.jsonl", corpus_documents()[30:60])
     assert _open(other, tok_path, cache=tmp_path / "cache").cache != first.cache  # the data is in the key

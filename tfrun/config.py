@@ -107,7 +107,8 @@ class TrainConfig:
     data_path: str | None = None
     """Training text; None = CPython's pydoc topics."""
     data_hash: str | None = None
-    """sha256 of the training data (and of the tokenizer); a resume refuses other data. Set by tfrun.setup."""
+    """sha256 of the training text, or of the token stream (tokenized or .bin data); a resume refuses other data.
+    Set by tfrun.setup."""
     tokenizer_path: str | None = None
     """--tokenizer: a tokenizer.json the text data is tokenized with (tfrun.data.tokenized); None: bytes."""
     token_dtype: str = "uint16"

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from tfrun.data import text, tokenfile, tokenized
 from tfrun.data.batches import Batches, DataError, eval_batches, split_microbatches, split_tokens
 from tfrun.data.text import STDLIB, VOCAB_SIZE, decode, encode, load_corpus
@@ -32,7 +34,9 @@ class TokenStream:
     tokens: object
     """(N,) ids: a torch uint8 tensor (bytes) or a numpy array (a token file or a tokenized stream)."""
     identity: str
-    """"sha256:..." of what defines the stream (the data's bytes, and the tokenizer's): TrainConfig.data_hash."""
+    """TrainConfig.data_hash: "sha256:..." of the bytes of byte-level text, or of the token stream itself (its ids
+    as little-endian bytes of their dtype) for tokenized data and token files, so that a tokenized stream and
+    the same ids given back as a `.bin` file are the same data (a resume may switch between them)."""
     where: str
     """How the user named it, for messages ("--data x.bin", "default corpus")."""
     cache: str | None = None
@@ -43,6 +47,14 @@ class TokenStream:
 
 def _sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _stream_sha(ids) -> str:
+    """sha256 of a token stream's bytes (a .bin file's bytes), read in chunks (a memory map stays unread)."""
+    sha = hashlib.sha256()
+    for start in range(0, len(ids), tokenfile.CHUNK_TOKENS):
+        sha.update(np.ascontiguousarray(ids[start: start + tokenfile.CHUNK_TOKENS]).tobytes())
+    return "sha256:" + sha.hexdigest()
 
 
 def open_stream(data_path: str | None, *, tokenizer_path: str | None, token_dtype: str, model_vocab: int,
@@ -60,7 +72,7 @@ def open_stream(data_path: str | None, *, tokenizer_path: str | None, token_dtyp
                             f"applies to text data")
         ids = tokenfile.open_tokens(data_path, token_dtype)
         tokenfile.check(ids, model_vocab, f"--data {data_path}")
-        return TokenStream(tokens=ids, identity=_sha(Path(data_path).read_bytes()), where=f"--data {data_path}")
+        return TokenStream(tokens=ids, identity=_stream_sha(ids), where=f"--data {data_path}")
     if tokenizer_path is None:
         if model_vocab < text.VOCAB_SIZE:
             raise DataError(f"byte-level text needs a vocabulary of {text.VOCAB_SIZE}, the model has {model_vocab}: "
@@ -75,9 +87,8 @@ def open_stream(data_path: str | None, *, tokenizer_path: str | None, token_dtyp
     if data_path is None or data_path == STDLIB and not Path(data_path).exists():
         raise DataError("--tokenizer needs --data (a text file, a .jsonl file or a folder of them)")
     cached = tokenized.tokenize(data_path, tok, Path(cache_dir))
-    ident = _sha(f"{cached.meta['data_sha256']}/{cached.meta['tokenizer_sha256']}".encode())
-    return TokenStream(tokens=cached.tokens, identity=ident, where=f"--data {data_path}", cache=str(cached.file),
-                       save=cached.save)
+    return TokenStream(tokens=cached.tokens, identity=_stream_sha(cached.tokens), where=f"--data {data_path}",
+                       cache=str(cached.file), save=cached.save)
 
 
 def _bytes(data_path: str | None) -> bytes:
