@@ -326,6 +326,8 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
         "kind": "measured",
         "tool": "tfrun",
         "model": config.model,
+        "model_hash": config.model_hash,
+        "dtype": config.compute_dtype(torch.cuda.is_available()),
         "schedule": config.schedule_name,
         "freeze": config.freeze,
         "num_ranks": config.num_ranks,
