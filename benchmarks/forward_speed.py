@@ -34,7 +34,7 @@ def micro(repeats: int, shares: list[float], seed: int = 0) -> None:
     import torch
 
     from tfrun.freezing import candidates
-    from tfrun.model import MODELS, build_stage
+    from tfrun.models import MODELS, build_stage
 
     torch.set_num_threads(1)
     cfg = MODELS["tiny"]

@@ -50,7 +50,7 @@ def offline_variation(plan_path: Path, policies: list[str], steps: int = 100) ->
     from tfplan import plan as plan_mod
     from tfplan.simulate import simulate
     from tfrun.freezing import Freezer, candidates
-    from tfrun.model import MODELS, build_stage
+    from tfrun.models import MODELS, build_stage
 
     p = plan_mod.load(plan_path)
     dag = p.dag

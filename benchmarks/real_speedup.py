@@ -32,7 +32,7 @@ def plain_torch_worker(out: str, steps: int) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     from tfrun.data import Batches, encode, load_corpus, split_tokens
-    from tfrun.model import MODELS, build_stage, loss_fn
+    from tfrun.models import MODELS, build_stage, loss_fn
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from tfplan import schedules
 from tfrun.config import TrainConfig
 from tfrun.freezing import Freezer, candidates
-from tfrun.model import MODELS, build_stage, loss_fn
+from tfrun.models import MODELS, build_stage, loss_fn
 from tfrun.rank import build_rank
 from tfrun.train import _rescale
 

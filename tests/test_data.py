@@ -1,4 +1,4 @@
-"""tfrun.data: byte tokenizer, default corpus, --data errors, split sizes, resumable batches."""
+"""tfrun.data (text, batches): byte tokenizer, default corpus, --data errors, split sizes, resumable batches."""
 
 from __future__ import annotations
 
@@ -12,18 +12,17 @@ from tests.conftest import torch_or_skip
 torch = torch_or_skip()
 
 from tfrun.data import (  # noqa: E402  (after the torch skip)
-    MIN_CORPUS_BYTES,
     VOCAB_SIZE,
     Batches,
     DataError,
     decode,
-    default_corpus,
     encode,
     eval_batches,
     load_corpus,
     split_microbatches,
     split_tokens,
 )
+from tfrun.data.text import MIN_CORPUS_BYTES, default_corpus  # noqa: E402
 
 STREAM = torch.arange(10_000) % VOCAB_SIZE  # a synthetic token stream: cheap and easy to reason about
 

@@ -16,7 +16,7 @@ try:
 
     import tfrun
 
-    MODULES += [f"tfrun.{m.name}" for m in pkgutil.iter_modules(tfrun.__path__) if m.name != "__main__"]
+    MODULES += [m.name for m in pkgutil.walk_packages(tfrun.__path__, "tfrun.") if not m.name.endswith("__main__")]
 except ImportError:  # tfrun needs torch; tfplan's doctests still run
     pass
 

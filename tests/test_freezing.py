@@ -51,7 +51,7 @@ def test_costs_are_weight_gradient_flops_per_token():
 def test_embedding_is_a_small_share_of_the_tiny_first_stage():
     pytest.importorskip("torch")
     from tfrun.freezing import candidates
-    from tfrun.model import MODELS, build_stage
+    from tfrun.models import MODELS, build_stage
 
     cands = candidates(build_stage(MODELS["tiny"], 0, 2, 0, device="meta"))
     total = sum(c.cost for c in cands)

@@ -1,4 +1,4 @@
-"""tfrun.model: stage shapes, split == 1-stage model bitwise, names, init loss, meta 8B, GQA, causality."""
+"""tfrun.models.llama: stage shapes, split == 1-stage model bitwise, names, init loss, meta 8B, GQA, causality."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tests.conftest import torch_or_skip
 
 torch = torch_or_skip()
 
-from tfrun.model import (  # noqa: E402  (after the torch skip)
+from tfrun.models import (  # noqa: E402  (after the torch skip)
     MODELS,
     ModelConfig,
     ModelError,

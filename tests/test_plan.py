@@ -581,3 +581,12 @@ def test_fuzzed_plans_raise_only_tfplan_errors(obj) -> None:
         plan_mod.from_dict(obj)
     except TfplanError as exc:
         assert str(exc).strip() and "\n" not in str(exc).split(":")[0]
+
+
+def test_a_key_with_a_newline_stays_on_one_line() -> None:
+    # found by the fuzzer above: an unknown key "\n" in solver.phases[2] split the error in two lines
+    obj = json.loads(json.dumps(SMALL_PLAN))
+    obj["solver"]["phases"][2]["\n"] = 1
+    with pytest.raises(TfplanError) as info:
+        plan_mod.from_dict(obj)
+    assert str(info.value).startswith('solver.phases[2]."\\n": unknown field') and "\n" not in str(info.value)

@@ -212,3 +212,14 @@ def test_setup_refuses_a_plan_for_another_model_unless_forced(tmp_path) -> None:
         _setup(tmp_path, plan_path=other, microbatch_size=4, seq_len=128, freeze="timely")
     assert _setup(tmp_path, plan_path=str(PLAN.parent / "plans" / "other-shape.json"), microbatch_size=4,
                   seq_len=128).prediction_note is None
+
+
+def test_hf_models_compare_by_config_hash_and_the_dtype_is_compared() -> None:
+    hf = dataclasses.replace(CONFIG, model="hf:/cluster/ckpt", model_hash="sha256:aa")
+    same = MEASURED | {"model": "hf:/laptop/copy-of-ckpt", "model_hash": "sha256:aa", "dtype": "float32"}
+    assert provenance.profile_mismatch(same, hf, "cpu") is None  # the same checkpoint in another folder
+    assert provenance.profile_mismatch(same | {"model_hash": "sha256:bb"}, hf, "cpu").endswith("(model differs)")
+    text = provenance.profile_mismatch(same | {"dtype": "bfloat16"}, hf, "cpu")
+    assert text.endswith("(compute dtype (bfloat16 vs float32) differs)")
+    assert provenance.identity_change(provenance.run_identity(hf), dataclasses.replace(hf, model_hash="sha256:bb")) \
+        == "the checkpoint was trained with --model's config.json sha256:aa, this run has sha256:bb"

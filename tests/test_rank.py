@@ -66,7 +66,7 @@ def _reference(plan: Path, mb: int, steps: int = 5) -> dict:
     from tfplan import plan as plan_mod
     from tfrun.data import Batches, encode, load_corpus, split_tokens
     from tfrun.freezing import Freezer, candidates
-    from tfrun.model import MODELS, build_stage, loss_fn
+    from tfrun.models import MODELS, build_stage, loss_fn
 
     p = plan_mod.load(plan)
     m, cfg = p.schedule.num_microbatches, MODELS["tiny"]

@@ -20,7 +20,8 @@ def profile_cmd(
     model: Annotated[
         str | None,
         typer.Option(
-            "--model", help="Model: llama3.2-1b/3b, llama3.1-8b/70b (analytic); tiny (default), small, ... (measured)."
+            "--model", help="Model: llama3.2-1b/3b, llama3.1-8b/70b (analytic); tiny (default), small, ..., or "
+                            "hf:DIR, a Hugging Face LLaMA checkpoint folder (measured)."
         ),
     ] = None,
     stages: Annotated[

@@ -102,3 +102,16 @@ def json_text(obj: Any, width: int = 110, indent: str = "") -> str:
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write `obj` as readable JSON (with a trailing newline) atomically."""
     write_text_atomic(path, json_text(obj) + "\n")
+
+
+def field_name(key: object) -> str:
+    """A JSON key as an error message shows it: itself when printable and short, else JSON-quoted and cut, so
+    that a key holding a newline never splits the one-line error.
+
+    >>> field_name("speed"), field_name("a\\nb")
+    ('speed', '"a\\\\nb"')
+    """
+    text = str(key)
+    if text.isprintable() and 0 < len(text) <= 40:
+        return text
+    return json.dumps(text)[:40]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfplan.errors import TfplanError
+from tfplan.fileio import field_name
 
 SOURCES = ("measured", "given")
 
@@ -76,7 +77,7 @@ def from_dict(obj: Any, count: int, microbatch_tokens: int | None) -> NoiseModel
         raise TfplanError("noise: must be an object")
     known = {"noise_scale_tokens", "grad_sq_share", "microbatch_tokens", "source", "note"}
     for key in sorted(set(obj) - known):
-        raise TfplanError(f"noise.{key}: unknown field (known: {', '.join(sorted(known))})")
+        raise TfplanError(f"noise.{field_name(key)}: unknown field (known: {', '.join(sorted(known))})")
     for key in ("noise_scale_tokens", "grad_sq_share", "microbatch_tokens", "source"):
         if key not in obj:
             raise TfplanError(f"noise.{key}: missing required field")

@@ -58,6 +58,7 @@ from typing import Any
 
 from tfplan.dag import Dag
 from tfplan.errors import TfplanError
+from tfplan.fileio import field_name
 
 REL_TOL = 1e-9  # phases 2-3 keep earlier optima within this relative tolerance (Note [three-phase LP])
 GAP_TOL = 1e-9  # U - L <= GAP_TOL * max(1, |U|) certifies a phase (Note [LP certificate])
@@ -342,8 +343,7 @@ def _check_keys(obj: Any, path: str, required: set[str], allowed: set[str]) -> N
     if not isinstance(obj, dict):
         raise TfplanError(f"{path}: must be an object, got {json.dumps(obj)[:40]}")
     for key in sorted(set(obj) - required - allowed):
-        name = key if isinstance(key, str) and key.isidentifier() else json.dumps(key)  # one line, whatever the key
-        raise TfplanError(f"{path}.{name}: unknown field (known: {', '.join(sorted(required | allowed))})")
+        raise TfplanError(f"{path}.{field_name(key)}: unknown field (known: {', '.join(sorted(required | allowed))})")
     for key in sorted(required - set(obj)):
         raise TfplanError(f"{path}.{key}: missing required field")
 

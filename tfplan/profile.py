@@ -28,7 +28,7 @@ from typing import Any
 
 from tfplan import goodput
 from tfplan.errors import TfplanError
-from tfplan.fileio import read_json
+from tfplan.fileio import field_name, read_json
 from tfplan.goodput import NoiseModel
 
 SCHEMA_VERSION = 3
@@ -279,8 +279,7 @@ def _check_keys(obj: Any, path: str, required: set[str], optional: set[str]) -> 
         raise TfplanError(f"{path or 'profile'}: must be an object, got {type(obj).__name__}")
     prefix = f"{path}." if path else ""
     for key in sorted(set(obj) - required - optional):
-        name = key if isinstance(key, str) and key.isidentifier() else json.dumps(key)  # one line, whatever the key
-        raise TfplanError(f"{prefix}{name}: unknown field (known: {', '.join(sorted(required | optional))})")
+        raise TfplanError(f"{prefix}{field_name(key)}: unknown field (known: {', '.join(sorted(required | optional))})")
     for key in sorted(required - set(obj)):
         raise TfplanError(f"{prefix}{key}: missing required field")
     return obj

@@ -295,11 +295,10 @@ def signal_factory(config):
                         stable_share=config.apf_stable_share)
         return lambda stage_candidates: APFSignal(stage_candidates, cfg)
     if kind == AUTOFREEZE:
-        from tfrun.model import MODELS, build_stage
+        from tfrun.models import build
 
-        model = MODELS[config.model]
         layers = sorted({layer_of(name) for s in range(config.num_stages) for name, _ in
-                         build_stage(model, s, config.num_stages, config.seed, device="meta").named_parameters()})
+                         build(config.model, s, config.num_stages, config.seed, device="meta").named_parameters()})
         cfg = AutoFreezeConfig(percentile=config.autofreeze_percentile, check_every=config.autofreeze_check_every)
         return lambda stage_candidates: AutoFreezeSignal(stage_candidates, layers, cfg, config.num_microbatches)
     return None

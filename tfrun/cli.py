@@ -4,6 +4,7 @@ Examples:
     tfrun train --plan plan.json --steps 30 --out runs/plan
     tfrun train --plan plan.json --freeze none --out runs/baseline
     tfrun profile --model tiny --stages 2 --microbatches 8 --output profile.json
+    tfrun export runs/plan --hf runs/plan-hf
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def train_cmd(
         str | None, typer.Option("--plan", help="Plan JSON from `tfplan solve` (with --freeze timely: optional, "
                                                 "seeds the first plan).")
     ] = None,
-    model: Annotated[str, typer.Option("--model", help="Model size: tiny, small, llama3.2-1b, llama3.1-8b.")] = "tiny",
+    model: Annotated[
+        str, typer.Option("--model", help="Model size: tiny, small, llama3.2-1b, llama3.1-8b; or hf:DIR, a Hugging "
+                                          "Face LLaMA checkpoint folder (fine-tuning).")
+    ] = "tiny",
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 30,
     seed: Annotated[int, typer.Option("--seed", help="Initialisation, data and freeze-selection seed.")] = 0,
     out: Annotated[str | None, typer.Option("--out", help="Output folder (default runs/latest).")] = None,
@@ -106,9 +110,26 @@ def train_cmd(
                                            "or device (summary.json then reports no prediction error).")
     ] = False,
     data: Annotated[
-        str | None, typer.Option("--data", help="Training text file, or 'stdlib' (Python source; default: "
-                                                "CPython's pydoc topics).")
+        str | None, typer.Option("--data", help="Training data: a text file, a .jsonl file (its 'text' fields) or a "
+                                                "folder of them, a .bin file of token ids, or 'stdlib' (Python "
+                                                "source; default: CPython's pydoc topics).")
     ] = None,
+    # -- real data and models (issue 22) --
+    tokenizer: Annotated[
+        str | None, typer.Option("--tokenizer", help="A tokenizer.json (Hugging Face tokenizers) for text --data; "
+                                                     "tokenized once and cached. Default: bytes (vocabulary 256).")
+    ] = None,
+    token_dtype: Annotated[
+        str, typer.Option("--token-dtype", help="Ids of a --data FILE.bin: uint16 (nanoGPT's layout) or uint32.")
+    ] = "uint16",
+    token_cache: Annotated[
+        str | None, typer.Option("--token-cache", help="Folder of the tokenized-data cache (default: token-cache "
+                                                       "beside --out).")
+    ] = None,
+    precision: Annotated[
+        str, typer.Option("--precision", help="auto (bf16 on CUDA, fp32 on CPU), fp32, or bf16: autocast compute "
+                                              "with float32 master weights and optimizer state.")
+    ] = "auto",
     init_from: Annotated[
         str | None, typer.Option("--init-from", help="Start from this run's latest weights (fresh optimizer).")
     ] = None,
@@ -195,6 +216,7 @@ def train_cmd(
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
             checkpoint_minutes=checkpoint_minutes, keep_checkpoints=keep_checkpoints, force=force,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet, noise_every=noise_every,
+            tokenizer_path=tokenizer, token_dtype=token_dtype, token_cache_dir=token_cache, precision=precision,
         )
         if launch.under_torchrun():
             from tfrun.worker import run_worker
@@ -280,7 +302,7 @@ def _caps(text: str) -> list[float]:
 
 @app.command("profile")
 def profile_cmd(
-    model: Annotated[str, typer.Option("--model", help="Model size (tfrun.model.MODELS).")] = "tiny",
+    model: Annotated[str, typer.Option("--model", help="Model size (tfrun.models.MODELS) or hf:DIR.")] = "tiny",
     stages: Annotated[
         int, typer.Option("--stages", help="Pipeline stages in the paper's sense, one per rank; the profile holds "
                                              "stages x stages-per-rank model chunks.")
@@ -306,6 +328,9 @@ def profile_cmd(
     threads: Annotated[int, typer.Option("--threads", help="Compute threads per rank (CPU).")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed.")] = 0,
     output: Annotated[str, typer.Option("--output", "-o", help="Profile JSON to write.")] = "profile.json",
+    precision: Annotated[
+        str, typer.Option("--precision", help="auto (bf16 on CUDA, fp32 on CPU), fp32 or bf16, as tfrun train.")
+    ] = "auto",
     work_dir: Annotated[
         str | None, typer.Option("--work-dir", help="Keep the measuring runs here (default: a temp folder).")
     ] = None,
@@ -328,6 +353,7 @@ def profile_cmd(
             model=model, num_ranks=stages, num_microbatches=microbatches, schedule=schedule,
             stages_per_rank=stages_per_rank, steps=steps, microbatch_size=microbatch_size, seq_len=seq_len,
             threads=threads, seed=seed, work_dir=work_dir, repeat=repeat, dp=dp, init_from=init_from, data_path=data,
+            precision=precision,
         )
         from tfplan.fileio import write_json_atomic
 
@@ -339,6 +365,41 @@ def profile_cmd(
         if len(warnings) > 5:
             console.print(f"[yellow]warning:[/yellow] and {len(warnings) - 5} more (quality.warnings in {output})")
         Console(highlight=False).print(f"profile written to {output}")
+
+
+@app.command("export")
+def export_cmd(
+    run_dir: Annotated[str, typer.Argument(help="A `tfrun train` output folder.")],
+    hf_out: Annotated[str, typer.Option("--hf", help="Write a Hugging Face LLaMA folder here (new or empty).")],
+    step: Annotated[
+        int | None, typer.Option("--step", help="The checkpoint (steps completed); default: the newest that "
+                                                "verifies.")
+    ] = None,
+    max_shard_mb: Annotated[
+        float, typer.Option("--max-shard-mb", help="Shard the weights above this many MiB (default 5120).")
+    ] = 5120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Write a run's trained weights (every stage merged) as a Hugging Face folder: config.json and
+    safetensors (sharded with an index above --max-shard-mb) that transformers' from_pretrained loads.
+
+    Example: tfrun export runs/finetune --hf runs/finetune-hf
+    """
+    import dataclasses
+
+    from tfrun.models.export import export_hf
+
+    with user_errors(TfrunError):
+        result = export_hf(run_dir, hf_out, step=step, max_shard_bytes=int(max_shard_mb * 2**20))
+    if as_json:
+        print(json.dumps(dataclasses.asdict(result)))
+        return
+    console = Console(highlight=False, soft_wrap=True, stderr=True)
+    for line in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {line}")
+    Console(highlight=False, soft_wrap=True).print(
+        f"exported step {result.step} of {run_dir}: {result.num_params:,} parameters in {len(result.files)} "
+        f"file{'s' * (len(result.files) != 1)} to {result.out}", markup=False)
 
 
 def main() -> None:

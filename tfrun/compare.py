@@ -28,7 +28,8 @@ from pathlib import Path
 from tfplan.fileio import write_bytes_atomic
 from tfrun.errors import TfrunError
 
-COMPARABLE = ("model", "data_path", "seed", "microbatch_size", "seq_len", "num_microbatches", "init_from")
+COMPARABLE = ("model", "model_hash", "data_path", "tokenizer_path", "seed", "microbatch_size", "seq_len",
+              "num_microbatches", "init_from")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -63,7 +63,11 @@ class TrainConfig:
     max_stale_steps: int = 0
     """Unfreeze a tensor that got no gradient for this many steps (0 = off; tfrun.freezing Note [stale guard])."""
     model: str = "tiny"
-    """Named model size (tfrun.model.MODELS)."""
+    """Named model size (tfrun.models.MODELS) or `hf:DIR`, a Hugging Face LLaMA checkpoint folder (tfrun.models.hf;
+    made absolute by tfrun.setup)."""
+    model_hash: str | None = None
+    """hf: models: sha256 of the checkpoint's config.json (provenance compares it like a model name); set by
+    tfrun.setup and tfrun.profiling."""
     steps: int = 30
     """Optimizer steps to run (in all, counting resumed ones)."""
     seed: int = 0
@@ -103,7 +107,18 @@ class TrainConfig:
     data_path: str | None = None
     """Training text; None = CPython's pydoc topics."""
     data_hash: str | None = None
-    """sha256 of the training text; a resume refuses other data. Set by tfrun.setup."""
+    """sha256 of the training text, or of the token stream (tokenized or .bin data); a resume refuses other data.
+    Set by tfrun.setup."""
+    tokenizer_path: str | None = None
+    """--tokenizer: a tokenizer.json the text data is tokenized with (tfrun.data.tokenized); None: bytes."""
+    token_dtype: str = "uint16"
+    """--token-dtype of a --data FILE.bin: uint16 or uint32 little-endian ids (tfrun.data.tokenfile)."""
+    precision: str = "auto"
+    """Compute dtype: fp32, bf16 (autocast; float32 master weights and optimizer state: tfrun.runtime Note
+    [autocast]) or auto (bf16 on CUDA, fp32 on CPU)."""
+    token_cache: str | None = None
+    """Tokenized data: the cache entry's token file every rank reads (tfrun.data.tokenized Note [token cache]).
+    Set by tfrun.setup."""
     timing_warmup_steps: int = 1
     """Steps (after the ramp) left out of timing medians (the first step infers shapes)."""
     threads: int = 1
@@ -161,6 +176,11 @@ class TrainConfig:
         return schedules.from_order([[parse_action(a) for a in row] for row in self.order], name=self.schedule_name,
                                     num_microbatches=self.num_microbatches)
 
+    def compute_dtype(self, cuda: bool) -> str:
+        """The torch dtype name a forward computes in ("float32" or "bfloat16") on a CUDA device or not."""
+        bf16 = self.precision == "bf16" or self.precision == "auto" and cuda
+        return "bfloat16" if bf16 else "float32"
+
     def ratio_of(self, action: str) -> float:
         """The fixed ratio this run freezes `action` at: the plan's (plan), 0 (none), 1 (all); 0 under timely,
         whose ratios change during the run (tfrun.online)."""
@@ -205,17 +225,17 @@ class TrainConfig:
     def check(self) -> None:
         """Validate the settings a user chooses (one clear line per problem)."""
         from tfrun.freezing import POLICIES
-        from tfrun.model import MODELS
+        from tfrun.models import model_config
 
         if self.freeze not in FREEZE_MODES:
             raise TfrunError(f"--freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}")
         if self.freeze_policy not in POLICIES:
             raise TfrunError(f"--freeze-policy must be one of {', '.join(POLICIES)}, got {self.freeze_policy!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise TfrunError(f"--precision must be auto, fp32 or bf16, got {self.precision!r}")
         if self.freeze_method not in ("detach", "grad"):
             raise TfrunError(f"--freeze-method must be detach or grad, got {self.freeze_method!r}")
-        if self.model not in MODELS:
-            raise TfrunError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
-        cfg = MODELS[self.model]
+        cfg = model_config(self.model)
         if cfg.n_layers < self.num_stages:
             raise TfrunError(
                 f"model {self.model} has {cfg.n_layers} layers, fewer than the plan's {self.num_stages} stages"

@@ -18,6 +18,7 @@ import json
 import math
 from typing import Any
 
+from tfplan.fileio import field_name
 from tfrun.errors import TfrunError
 
 
@@ -96,7 +97,7 @@ def check_fields(obj: Any, cls: type, what: str) -> dict[str, Any]:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in obj:
         if key not in fields:
-            raise TfrunError(f"{what}: unknown field {str(key)[:40]}")
+            raise TfrunError(f"{what}: unknown field {field_name(key)}")
     for name, f in fields.items():
         if name not in obj:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:

@@ -104,8 +104,10 @@ def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime
     timed = [row for row in in_force if row.get("timed")]
     note = None
     if not timed:
-        timed, note = metrics, (f"no timed step after step {first} (the ramp and the timing warm-up): "
-                                f"step_time_ms and tokens_per_s are medians over all {len(metrics)} steps, "
+        why = (f"no timed step in the stable phase (from step {first})" if online is not None else
+               f"no timed step (steps {len(metrics)} <= ramp {config.ramp_steps} + timing warm-up "
+               f"{config.timing_warmup_steps})")
+        timed, note = metrics, (f"{why}: step_time_ms and tokens_per_s are medians over all {len(metrics)} steps, "
                                 "warm-up included")
     step_ms = _median([row["step_time_ms"] for row in timed])
     evals = [row["eval_loss"] for row in metrics if "eval_loss" in row]
@@ -326,6 +328,8 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
         "kind": "measured",
         "tool": "tfrun",
         "model": config.model,
+        "model_hash": config.model_hash,
+        "dtype": config.compute_dtype(torch.cuda.is_available()),
         "schedule": config.schedule_name,
         "freeze": config.freeze,
         "num_ranks": config.num_ranks,

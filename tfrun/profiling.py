@@ -46,13 +46,22 @@ stability"."""
 def measure(
     *, model: str, num_ranks: int, num_microbatches: int, schedule: str, stages_per_rank: int | None, steps: int,
     microbatch_size: int, seq_len: int, threads: int, seed: int, work_dir: str | None, repeat: int = 1,
-    dp: int = 1, init_from: str | None = None, data_path: str | None = None,
+    dp: int = 1, init_from: str | None = None, data_path: str | None = None, precision: str = "auto",
 ) -> profile_mod.Profile:
     """Run the measuring jobs (4 x repeat) and combine the most consistent set into one profile."""
     from tfrun.launch import launch
     from tfrun.runtime import check_torch
 
     check_torch()
+    from tfrun import models
+
+    models.check(model)  # an hf:DIR checkpoint is complete before any measuring run starts
+    from tfrun.data import tokenfile
+
+    if models.model_config(model).vocab_size < 256 and not tokenfile.is_token_file(data_path):
+        raise TfrunError(f"model {model}: profiling feeds byte-level text (ids < 256), the model's vocabulary has "
+                         f"{models.model_config(model).vocab_size}; pass a .bin token file as --data")
+    model = models.absolute(model)
     if repeat < 1 or steps < 3:
         raise TfrunError(f"--repeat must be >= 1 and --steps >= 3, got {repeat} and {steps}")
     spec = schedules.get_spec(schedule)
@@ -72,7 +81,8 @@ def measure(
                 schedule_name=sched.name, freeze=freeze, model=model, steps=steps, seed=seed,
                 out_dir=str(folder / name), microbatch_size=microbatch_size, seq_len=seq_len, threads=threads,
                 eval_batches=1, quiet=True, timing_warmup_steps=2, dp=dp, init_from=init_from, data_path=data_path,
-                noise_every=1 if name == "primary-none" else 0,
+                noise_every=1 if name == "primary-none" else 0, model_hash=models.model_hash(model),
+                precision=precision,
             )
             config.check()
             if launch(config) is not None:

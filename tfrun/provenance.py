@@ -3,12 +3,15 @@ checkpoint, and the output folder before anything is written.
 
 Note [profile provenance]: a plan records the scalar fields of its profile's `source` (tfplan.plan
 `profile_source`). The run is compared with every one of these that the profile recorded:
-  model             source.model              the run's --model
+  model             source.model              the run's --model; for an hf:DIR model source.model_hash, the
+                    (source.model_hash)       sha256 of its config.json, instead of the folder's name (the same
+                                              checkpoint copied elsewhere is the same model)
   micro-batch       source.microbatch_size    --microbatch-size (sequences per micro-batch)
   sequence length   source.seq_len            --seq-len
   device            source.device (measured)  "cpu" or the CUDA device's name, compared case-insensitively
                     source.gpu (analytic)     must occur in the CUDA device's name ("h200" in "NVIDIA H200")
   threads           source.threads_per_rank   --threads, for profiles measured on a CPU
+  compute dtype     source.dtype (measured)   --precision as the run resolves it (float32 or bfloat16)
 Measured profiles record all of them, analytic ones the model, batch shape and GPU, hand profiles usually
 none (nothing is checked). A mismatch refuses the run with one line naming both sides; --force runs it and
 reports prediction_error null with the mismatch as prediction_note. The rule is the same for a --freeze
@@ -32,12 +35,12 @@ from tfrun.config import TrainConfig
 from tfrun.errors import TfrunError
 
 IDENTITY: tuple[tuple[str, str], ...] = (
-    ("plan_hash", "plan"), ("model", "--model"), ("seed", "--seed"), ("freeze", "--freeze"),
-    ("freeze_method", "--freeze-method"), ("freeze_policy", "--freeze-policy"),
+    ("plan_hash", "plan"), ("model", "--model"), ("model_hash", "--model's config.json"), ("seed", "--seed"),
+    ("freeze", "--freeze"), ("freeze_method", "--freeze-method"), ("freeze_policy", "--freeze-policy"),
     ("microbatch_size", "--microbatch-size"), ("seq_len", "--seq-len"), ("num_microbatches", "micro-batches per step"),
     ("lr", "--lr"), ("weight_decay", "weight decay"), ("redraw_every", "--redraw-every"),
     ("ramp_steps", "--ramp-steps"), ("grad_rescale", "--grad-rescale"), ("max_stale_steps", "--max-stale-steps"),
-    ("data_hash", "--data"), ("dp", "--dp"),
+    ("data_hash", "--data"), ("dp", "--dp"), ("precision", "--precision"),
     # --freeze timely only:
     ("max_freeze_ratio", "--max-freeze-ratio"), ("warmup_steps", "--warmup-steps"),
     ("monitor_steps", "--monitor-steps"), ("probe_steps", "--probe-steps"),
@@ -79,13 +82,21 @@ def _describe(model, mbs, seq, device, threads) -> str:
     return ", ".join(parts)
 
 
+def same_model(source: dict[str, Any], config: TrainConfig) -> bool:
+    """Whether a profile's recorded model is this run's: by config hash when both are hf:DIR checkpoints,
+    else by name (Note [profile provenance])."""
+    if source.get("model_hash") is not None and config.model_hash is not None:
+        return source["model_hash"] == config.model_hash
+    return source.get("model") == config.model
+
+
 def profile_mismatch(source: dict[str, Any], config: TrainConfig, device: str) -> str | None:
     """How the plan's profile (its recorded source) differs from this run (Note [profile provenance]), as
     "plan profiled model tiny, 4 x 128 tokens on cpu; this run is model small, 4 x 128 tokens on cpu
     (model differs)", or None when everything recorded matches."""
     differ: list[str] = []
     model, mbs, seq = source.get("model"), source.get("microbatch_size"), source.get("seq_len")
-    if model is not None and model != config.model:
+    if model is not None and not same_model(source, config):
         differ.append("model")
     if mbs is not None and mbs != config.microbatch_size:
         differ.append("micro-batch size")
@@ -100,6 +111,9 @@ def profile_mismatch(source: dict[str, Any], config: TrainConfig, device: str) -
     threads = source.get("threads_per_rank") if (theirs_device or "").lower() == "cpu" else None
     if threads is not None and threads != config.threads:
         differ.append("threads")
+    dtype, ours_dtype = source.get("dtype"), config.compute_dtype(device.lower() != "cpu")
+    if isinstance(dtype, str) and dtype != ours_dtype:
+        differ.append(f"compute dtype ({dtype} vs {ours_dtype})")
     if not differ:
         return None
     shown = theirs_device or gpu
@@ -170,12 +184,9 @@ def _value(v: Any) -> str:
 
 def checkpoint_bytes(config: TrainConfig) -> int:
     """About how large one checkpoint is (all ranks): parameters x ADAM_BYTES_PER_PARAM (meta tensors)."""
-    from tfrun.model import MODELS, build_stage, count_params
+    from tfrun.models import stage_numel
 
-    cfg = MODELS[config.model]
-    numel = sum(count_params(build_stage(cfg, s, config.num_stages, config.seed, device="meta"))
-                for s in range(config.num_stages))
-    return numel * ADAM_BYTES_PER_PARAM
+    return sum(stage_numel(config.model, config.num_stages).values()) * ADAM_BYTES_PER_PARAM
 
 
 def check_out(out: Path, config: TrainConfig) -> list[str]:

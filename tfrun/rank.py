@@ -28,7 +28,7 @@ from torch import nn
 from tfrun.config import PLANNED, TrainConfig
 from tfrun.errors import TfrunError
 from tfrun.freezing import Freezer, candidates
-from tfrun.model import MODELS, build_stage, loss_fn
+from tfrun.models import build, loss_fn
 from tfrun.noise import NoiseMeter
 from tfrun.runtime import StepState, build_schedule, make_stage
 from tfrun.timing import ActionTimer
@@ -119,9 +119,8 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
     """Build this process's rank for `config` (the process group is set up). `signal`: a baseline's, for the
     freezer (tfrun.baselines; the training loop passes tfrun.train.baseline_signal)."""
     pp_rank, dp_rank, pp_group, dp_group = layout(config)
-    cfg = MODELS[config.model]
     local = [s for s, r in enumerate(config.stage_to_rank) if r == pp_rank]
-    modules = {s: build_stage(cfg, s, config.num_stages, config.seed, device=device) for s in local}
+    modules = {s: build(config.model, s, config.num_stages, config.seed, device=device) for s in local}
     stage_candidates = {s: candidates(m) for s, m in modules.items()}
     noise = NoiseMeter(modules, stage_candidates, num_microbatches=config.num_microbatches,
                        microbatch_tokens=config.microbatch_size * config.seq_len, every=config.noise_every,
@@ -142,9 +141,11 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
     )
     # Records carry the pipeline rank: replicas time the same actions (tfrun.timing medians over them).
     timer, state = ActionTimer(pp_rank, device, measured=dp_rank == 0), StepState(freezing=config.freeze != "none")
+    dtype = config.compute_dtype(device.type == "cuda")
     stages = [
         make_stage(modules[s], s, config.num_stages, device, group=pp_group, freezer=freezer, timer=timer,
-                   state=state, method=config.freeze_method)
+                   state=state, method=config.freeze_method,
+                   autocast=getattr(torch, dtype) if dtype != "float32" else None)
         for s in local
     ]
     runtime = build_schedule(config.order, stages, config.num_microbatches, loss_fn, pp_rank, timer)

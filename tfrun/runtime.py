@@ -21,6 +21,7 @@ The decision is keyed by parameter name, never by position.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -76,79 +77,120 @@ class StepState:
         self.frozen_counts.clear()
 
 
-def make_stage(
-    module: nn.Module,
-    stage_index: int,
-    num_stages: int,
-    device: torch.device,
-    *,
-    group,
-    freezer: Freezer,
-    timer: ActionTimer,
-    state: StepState,
-    method: str = DETACH,
-):
-    """A PipelineStage that times its actions and freezes per (stage, micro-batch) (Note [freeze methods])."""
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining._backward import stage_backward_input
+@dataclass(slots=True)
+class _Hooks:
+    """What a hooked stage needs to time and freeze its actions."""
 
+    freezer: Freezer
+    timer: ActionTimer
+    state: StepState
+    method: str
+    params: dict[str, torch.nn.Parameter]
+    autocast: torch.dtype | None
+    slow: tuple | None
+    base: type
+    """The stage's own class, whose methods the overrides call."""
+
+
+class _TimedFreezingStage:
+    """Overrides of PipelineStage's per-chunk methods: timing and freezing (Note [freeze methods]) and autocast
+    (Note [autocast]). `install_hooks` copies them into a subclass of the stage's own class (PipelineStage, or
+    any subclass a user's training loop builds); they reach that class's methods through `_tf.base`, not
+    super(), because they are defined here."""
+
+    _tf: _Hooks
+
+    def _frozen(self, mb: int) -> frozenset[str]:
+        tf = self._tf
+        if not (tf.state.freezing and self.has_backward):
+            return frozenset()
+        sel = tf.freezer.selection(tf.state.step, self.stage_index, mb)
+        if (self.stage_index, mb) not in tf.state.shares:
+            tf.state.shares[(self.stage_index, mb)] = sel.share
+            for name in sel.names:
+                key = (self.stage_index, name)
+                tf.state.frozen_counts[key] = tf.state.frozen_counts.get(key, 0) + 1
+        return sel.names
+
+    def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
+        self._fwd_mb = fwd_chunk_id
+        return self._tf.timer.time(f"{self.stage_index}F{fwd_chunk_id}", self._forward, fwd_chunk_id, args, kwargs,
+                                   save_forward_output)
+
+    def _forward(self, *args):
+        slow, step = self._tf.slow, self._tf.state.step
+        if slow is not None and self.stage_index == slow[0] and step >= slow[1]:
+            time.sleep(slow[2] / 1e3)  # test hook: a stage that became slower mid-run (TFRUN_SLOW)
+        return self._tf.base.forward_one_chunk(self, *args)
+
+    def forward_maybe_with_nosync(self, *args, **kwargs):
+        tf = self._tf
+        frozen = self._frozen(self._fwd_mb)
+        with torch.autocast(self.device.type, dtype=tf.autocast, enabled=tf.autocast is not None):
+            if tf.method != DETACH or not frozen:
+                return tf.base.forward_maybe_with_nosync(self, *args, **kwargs)
+            detached = {name: tf.params[name].detach() for name in frozen}
+            return torch.func.functional_call(self.submod, detached, args, kwargs)
+
+    def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
+        self._bwd_mb = bwd_chunk_id
+        kind = "B" if full_backward else "I"
+        return self._tf.timer.time(f"{self.stage_index}{kind}{bwd_chunk_id}", self._tf.base.backward_one_chunk, self,
+                                   bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
+
+    def backward_weight_one_chunk(self, bwd_chunk_id, last_backward=False):
+        self._bwd_mb = bwd_chunk_id
+        return self._tf.timer.time(f"{self.stage_index}W{bwd_chunk_id}", self._tf.base.backward_weight_one_chunk,
+                                   self, bwd_chunk_id, last_backward=last_backward)
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+        from torch.distributed.pipelining._backward import stage_backward_input
+
+        tf = self._tf
+        frozen = self._frozen(self._bwd_mb) if tf.method == GRAD else frozenset()
+        if not frozen or backward_type == "weight":
+            return tf.base.backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward)
+        unfrozen = [p for name, p in tf.params.items() if name not in frozen and p.requires_grad]
+        if backward_type == "input":
+            return stage_backward_input(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                                        bwd_kwargs["input_values"], iter(unfrozen))
+        return _restricted_backward(bwd_kwargs, unfrozen), None
+
+
+@functools.cache
+def _hooked_class(cls: type) -> type:
+    methods = {k: v for k, v in vars(_TimedFreezingStage).items() if callable(v)}
+    return type(f"Timely{cls.__name__}", (cls,), methods)
+
+
+# Note [autocast]: with a compute dtype (bf16 on CUDA by default, --precision), a stage's forward runs under
+# torch.autocast: matmuls in bf16, parameters, their gradients and the optimizer state stay float32 (the master
+# weights), and autograd runs the backward in the forward's dtypes. The residual stream stays float32 (a bf16
+# block output is added to it), so what crosses between stages, and the logits the loss reads, are float32.
+def install_hooks(stage, *, freezer: Freezer, timer: ActionTimer, state: StepState, method: str = DETACH,
+                  autocast: torch.dtype | None = None):
+    """Give an existing PipelineStage (or an instance of any subclass) per-action timing, per-(stage,
+    micro-batch) freezing (Note [freeze methods]) and autocast (Note [autocast]): its class becomes a subclass
+    of its own with these overrides. Returns the stage."""
     assert method in (DETACH, GRAD)
-    params = dict(module.named_parameters())
     # Test hook: TFRUN_SLOW=stage:step:ms makes that stage's forward take ms longer from that step on.
     slow = tuple(float(x) if i == 2 else int(x) for i, x in enumerate(os.environ["TFRUN_SLOW"].split(":"))) \
         if os.environ.get("TFRUN_SLOW") else None
+    base = type(stage)
+    stage.__class__ = _hooked_class(base)
+    stage._tf = _Hooks(freezer=freezer, timer=timer, state=state, method=method,
+                       params=dict(stage.submod.named_parameters()), autocast=autocast, slow=slow, base=base)
+    return stage
 
-    class _Stage(PipelineStage):
-        def _frozen(self, mb: int) -> frozenset[str]:
-            if not (state.freezing and self.has_backward):
-                return frozenset()
-            sel = freezer.selection(state.step, self.stage_index, mb)
-            if (self.stage_index, mb) not in state.shares:
-                state.shares[(self.stage_index, mb)] = sel.share
-                for name in sel.names:
-                    key = (self.stage_index, name)
-                    state.frozen_counts[key] = state.frozen_counts.get(key, 0) + 1
-            return sel.names
 
-        def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
-            self._fwd_mb = fwd_chunk_id
-            return timer.time(f"{self.stage_index}F{fwd_chunk_id}", self._forward, fwd_chunk_id, args, kwargs,
-                              save_forward_output)
+def make_stage(module: nn.Module, stage_index: int, num_stages: int, device: torch.device, *, group,
+               freezer: Freezer, timer: ActionTimer, state: StepState, method: str = DETACH,
+               autocast: torch.dtype | None = None):
+    """A PipelineStage of `module` with tfrun's hooks (install_hooks)."""
+    from torch.distributed.pipelining import PipelineStage
 
-        def _forward(self, *args):
-            if slow is not None and self.stage_index == slow[0] and state.step >= slow[1]:
-                time.sleep(slow[2] / 1e3)  # test hook: a stage that became slower mid-run (TFRUN_SLOW)
-            return super().forward_one_chunk(*args)
-
-        def forward_maybe_with_nosync(self, *args, **kwargs):
-            frozen = self._frozen(self._fwd_mb)
-            if method != DETACH or not frozen:
-                return super().forward_maybe_with_nosync(*args, **kwargs)
-            detached = {name: params[name].detach() for name in frozen}
-            return torch.func.functional_call(self.submod, detached, args, kwargs)
-
-        def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
-            self._bwd_mb = bwd_chunk_id
-            kind = "B" if full_backward else "I"
-            return timer.time(f"{self.stage_index}{kind}{bwd_chunk_id}", super().backward_one_chunk,
-                              bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
-
-        def backward_weight_one_chunk(self, bwd_chunk_id, last_backward=False):
-            self._bwd_mb = bwd_chunk_id
-            return timer.time(f"{self.stage_index}W{bwd_chunk_id}", super().backward_weight_one_chunk,
-                              bwd_chunk_id, last_backward=last_backward)
-
-        def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
-            frozen = self._frozen(self._bwd_mb) if method == GRAD else frozenset()
-            if not frozen or backward_type == "weight":
-                return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
-            unfrozen = [p for name, p in params.items() if name not in frozen and p.requires_grad]
-            if backward_type == "input":
-                return stage_backward_input(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
-                                            bwd_kwargs["input_values"], iter(unfrozen))
-            return _restricted_backward(bwd_kwargs, unfrozen), None
-
-    return _Stage(module, stage_index, num_stages, device, group=group)
+    return install_hooks(PipelineStage(module, stage_index, num_stages, device, group=group), freezer=freezer,
+                         timer=timer, state=state, method=method, autocast=autocast)
 
 
 def _restricted_backward(bwd_kwargs: dict, params: Sequence[torch.Tensor]) -> tuple:

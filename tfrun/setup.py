@@ -16,10 +16,13 @@ from rich.text import Text
 from tfrun.config import PLANNED, TrainConfig
 from tfrun.errors import TfrunError
 
+TOKEN_CACHE = "token-cache"
+"""Default folder of tokenized data's cache, beside the run's --out (--token-cache DIR elsewhere)."""
+
 
 def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_size: int,
                  schedule: str | None = None, ranks: int | None = None, microbatches: int | None = None,
-                 stages_per_rank: int | None = None, **options) -> TrainConfig:
+                 stages_per_rank: int | None = None, token_cache_dir: str | None = None, **options) -> TrainConfig:
     """Read the plan (or, for --freeze timely, generate the schedule) and combine it with the options; every
     user mistake raises one clear line.
 
@@ -48,7 +51,7 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
                              schedule_name=sched.name, microbatch_size=_microbatch_size(
                                  global_batch, microbatches, microbatch_size, options.get("dp", 1)),
                              plan_hash=provenance.order_hash(order), **options)
-        return _checked(config)
+        return _checked(config, token_cache_dir)
     if schedule is not None or ranks is not None or microbatches is not None or stages_per_rank is not None:
         raise TfrunError("--schedule, --ranks, --microbatches and --stages-per-rank come from the plan; "
                          "give them only with --freeze timely and no --plan")
@@ -87,7 +90,7 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
     )
     config.check()
     note = provenance.check_plan_profile(str(plan_path), plan.profile_source, config, config.force)
-    return _checked(dataclasses.replace(config, prediction_note=note))
+    return _checked(dataclasses.replace(config, prediction_note=note), token_cache_dir)
 
 
 def _microbatch_size(global_batch: int | None, m: int, microbatch_size: int, dp: int = 1) -> int:
@@ -102,15 +105,16 @@ def _microbatch_size(global_batch: int | None, m: int, microbatch_size: int, dp:
     return global_batch // (m * dp)
 
 
-def _checked(config: TrainConfig) -> TrainConfig:
-    """The checks that need more than the options: data, resume, output folder (in that order)."""
+def _checked(config: TrainConfig, token_cache_dir: str | None = None) -> TrainConfig:
+    """The checks that need more than the options: model, data, resume, output folder (in that order); then,
+    with nothing left to refuse, the token cache is written (tfrun.data.tokenized Note [token cache])."""
     from tfrun import checkpoint, provenance
 
-    config.check()
+    config = _model_checked(config)
     if config.init_from is not None and checkpoint.read_latest(Path(config.init_from)) is None:
         raise TfrunError(f"--init-from {config.init_from}: no checkpoint there (checkpoints/latest.json missing)")
-    data = _check_data(config)
-    config = dataclasses.replace(config, data_hash=provenance.sha256_bytes(data))
+    stream = _check_data(config, token_cache_dir or str(Path(config.out_dir).parent / TOKEN_CACHE))
+    config = dataclasses.replace(config, data_hash=stream.identity, token_cache=stream.cache)
     out = Path(config.out_dir)
     warnings: list[str] = []
     if config.resume:
@@ -126,25 +130,39 @@ def _checked(config: TrainConfig) -> TrainConfig:
     warnings += provenance.check_out(out, config)
     for line in warnings:
         warn(line)
+    if stream.save is not None:
+        stream.save()
     return config
 
 
-def _check_data(config: TrainConfig) -> bytes:
-    """The training text, refused before launching when missing, binary, or too short for one training and
-    one validation sequence (the split and the windows of tfrun.data)."""
-    import torch
+def _model_checked(config: TrainConfig) -> TrainConfig:
+    """--model hf:DIR: the folder made absolute, its config's hash recorded, every tensor checked (headers)."""
+    from tfrun import models
 
-    from tfrun.data import Batches, eval_batches, load_corpus, split_tokens
+    config.check()
+    if not models.is_hf(config.model):
+        return config
+    models.check(config.model)
+    name = models.absolute(config.model)
+    return dataclasses.replace(config, model=name, model_hash=models.model_hash(name))
 
-    data = load_corpus(config.data_path)
-    where = "default corpus" if config.data_path is None else f"--data {config.data_path}"
-    train, val = split_tokens(torch.zeros(1, dtype=torch.uint8).expand(len(data)))  # lengths only, no copy
+
+def _check_data(config: TrainConfig, cache_dir: str):
+    """The training data (tfrun.data.open_stream: every source's checks and the vocabulary agreement with the
+    model), refused before launching when too short for one training and one validation sequence."""
+    from tfrun.data import Batches, eval_batches, open_stream, split_tokens
+    from tfrun.models import model_config
+
+    stream = open_stream(config.data_path, tokenizer_path=config.tokenizer_path, token_dtype=config.token_dtype,
+                         model_vocab=model_config(config.model).vocab_size, cache_dir=cache_dir)
+    where = stream.where
+    train, val = split_tokens(stream.tokens)  # views: no copy
     try:
         Batches(train, global_batch=config.global_batch, seq_len=config.seq_len, seed=config.seed)
         eval_batches(val, batch_size=config.global_batch, seq_len=config.seq_len, num_batches=config.eval_batches)
     except TfrunError as exc:
         raise TfrunError(f"{where}: {exc} (--seq-len {config.seq_len}; validation is the last 5%)") from None
-    return data
+    return stream
 
 
 def warn(line: str) -> None:

@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from tfrun import baselines, checkpoint, measure
 from tfrun.config import TrainConfig
-from tfrun.data import Batches, encode, eval_batches, load_corpus, split_tokens
-from tfrun.model import MODELS, build_stage, count_params
+from tfrun.data import Batches, eval_batches, rank_tokens, split_tokens
+from tfrun.models import stage_numel
 from tfrun.noise import NoiseMeter, noise_scale
 from tfrun.online import OnlinePlanner
 from tfrun.provenance import run_identity
@@ -46,7 +46,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     modules, freezer, timer, state, runtime, optimizer = r.modules, r.freezer, r.timer, r.state, r.runtime, r.optimizer
     local = r.local
 
-    tokens = encode(load_corpus(config.data_path))
+    tokens = rank_tokens(config.data_path, token_cache=config.token_cache, token_dtype=config.token_dtype)
     train_tokens, val_tokens = split_tokens(tokens)
     batches = Batches(train_tokens, global_batch=config.global_batch, seq_len=config.seq_len, seed=config.seed)
     m = config.num_microbatches
@@ -152,9 +152,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
 
 def _stage_numel(config: TrainConfig) -> dict[int, int]:
     """Parameter elements of every stage (shapes only: meta tensors)."""
-    cfg = MODELS[config.model]
-    return {s: count_params(build_stage(cfg, s, config.num_stages, config.seed, device="meta"))
-            for s in range(config.num_stages)}
+    return stage_numel(config.model, config.num_stages)
 
 
 def _gather_stats(r: Rank) -> list[dict] | None:

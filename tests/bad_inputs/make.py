@@ -124,10 +124,71 @@ def configs(valid: dict) -> None:
 
 def data() -> None:
     _write("data/empty.txt", b"")
-    _write("data/binary.bin", (b"\x7fELF\x02\x01\x01\x00" + bytes(range(256))) * 20)
+    _write("data/binary.dat", (b"\x7fELF\x02\x01\x01\x00" + bytes(range(256))) * 20)
     _write("data/tiny.txt", b"too short to train on\n" * 4)
     line = b"The quick brown fox jumps over the lazy dog.\n"
     _write("data/short-for-seq.txt", line * (5000 // len(line) + 1))
+
+
+def tokens() -> None:
+    """Pre-tokenized .bin files (uint16 ids for the tiny model's 256-token vocabulary), a jsonl file, and a
+    tokenizer whose vocabulary (320) exceeds it (a byte-level BPE trained on a few lines: tokenizers)."""
+    import numpy as np
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    ids = (np.arange(6000) % 200).astype("<u2")
+    ids[4321] = 300
+    _write("data/id-beyond-vocab.bin", ids.tobytes())
+    _write("data/odd-size.bin", (np.arange(6000) % 200).astype("<u2").tobytes() + b"\0")
+    line = '{"text": "The quick brown fox jumps over the lazy dog."}\n'
+    _write("data/no-text.jsonl", line * 200 + '{"title": "a line without its text"}\n')
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<unk>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([json.loads(line)["text"]] * 50 + [f"word{i} " * 3 for i in range(200)], trainer)
+    _write("tokenizers/vocab-320.json", tok.to_str())
+
+
+def hf_checkpoints() -> None:
+    """Hugging Face LLaMA folders, each broken in one way: a 2-layer model of the tiny vocabulary, written
+    from our own stage with Hugging Face's names (tfrun.models.hf), sharded one tensor group per file."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tfrun.models import ModelConfig, build_stage, hf
+
+    shutil.rmtree(HERE / "hf", ignore_errors=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 8,
+           "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+           "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+           "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "float32"}
+    model = build_stage(ModelConfig(vocab_size=256, dim=8, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=16,
+                                    max_seq_len=256), 0, 1, seed=0)
+    tensors = {hf.hf_name(n): p.detach().clone() for n, p in model.named_parameters()}
+
+    def folder(name: str, change=None, config=None) -> None:
+        shards = {"model-00001-of-00002.safetensors": {k: v for k, v in tensors.items() if "layers.1." not in k},
+                  "model-00002-of-00002.safetensors": {k: v for k, v in tensors.items() if "layers.1." in k}}
+        if change is not None:
+            change(shards)
+        _json(f"hf/{name}/config.json", config or cfg)
+        weight_map = {k: f for f, shard in shards.items() for k in shard}
+        _json(f"hf/{name}/model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
+        for file, shard in shards.items():
+            save_file(shard, str(HERE / "hf" / name / file), metadata={"format": "pt"})
+
+    second = "model-00002-of-00002.safetensors"
+    key = "model.layers.1.mlp.up_proj.weight"
+    folder("other-architecture", config=cfg | {"model_type": "mistral", "architectures": ["MistralForCausalLM"],
+                                                "sliding_window": 4096})
+    folder("wrong-shape", lambda shards: shards[second].update({key: torch.zeros(16, 4)}))
+    folder("wrong-dtype", lambda shards: shards[second].update({key: torch.zeros(16, 8, dtype=torch.int32)}))
+    folder("missing-shard")
+    (HERE / "hf" / "missing-shard" / second).unlink()
+    folder("truncated-shard")
+    path = HERE / "hf" / "truncated-shard" / second
+    path.write_bytes(path.read_bytes()[:-100])
 
 
 def runs() -> None:
@@ -164,6 +225,8 @@ def main() -> None:
     profiles()
     configs(valid)
     data()
+    tokens()
+    hf_checkpoints()
     runs()
 
 

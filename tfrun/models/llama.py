@@ -1,15 +1,15 @@
 """A LLaMA-style decoder built one pipeline stage at a time: tokens -> hidden -> ... -> hidden -> logits.
 
 The file reads top to bottom: configuration and named sizes, how layers are split over stages, the components
-(RMSNorm, rotary embeddings, grouped-query attention, SwiGLU MLP, pre-norm block), the stage module with its
-deterministic initialisation, `build_stage`, and the loss.
+(RMSNorm, grouped-query attention with rotary embeddings from tfrun.models.rope, SwiGLU MLP, pre-norm block),
+the stage module with its deterministic initialisation, `build_stage`, and the loss.
 
 Only the requested stage's parameters are ever created. Each layer draws its initial values from its own
 generator seeded by (seed, global layer index), so stage s of an S-stage split holds exactly the values of the
 same layers in a 1-stage model; the executor's tests compare a pipeline against that single-process reference.
 
 Time the CPU sizes (one compute thread, as every pipeline rank runs):
-    python -m tfrun.model
+    python -m tfrun.models
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfrun.errors import TfrunError
+from tfrun.models.rope import RopeScaling, apply_rope, rope_tables
 
 
 class ModelError(TfrunError):
@@ -52,6 +51,8 @@ class ModelConfig:
     """Longest sequence the rotary tables cover, in tokens."""
     rope_theta: float = 10000.0
     """Base of the rotary frequencies (dimensionless); LLaMA 3 uses 500000."""
+    rope_scaling: RopeScaling | None = None
+    """Frequency scaling for long contexts (tfrun.models.rope); None: plain rotary frequencies."""
     norm_eps: float = 1e-5
     """Added to the mean square inside RMSNorm (dimensionless)."""
     tie_embeddings: bool = False
@@ -87,12 +88,15 @@ class ModelConfig:
         for f in fields:
             if f.name not in data and f.default is dataclasses.MISSING:
                 raise ModelError(f"model.{f.name}: missing")
+        scaling = data.get("rope_scaling")
+        if isinstance(scaling, dict):
+            data = {**data, "rope_scaling": RopeScaling(**scaling)}
         return cls(**data)  # type: ignore[arg-type]
 
 
 # Named sizes. tiny/small use the byte vocabulary (256) of tfrun.data and are sized for CPU runs with a
 # micro-batch of 4 sequences x 128 tokens and one compute thread per process (torch.set_num_threads(1)).
-# `python -m tfrun.model` on the 2-core dev host (torch 2.13.0+cpu, median of 20), ms per micro-batch, for a
+# `python -m tfrun.models` on the 2-core dev host (torch 2.13.0+cpu, median of 20), ms per micro-batch, for a
 # 2-stage split; F forward, B full backward, I input-gradient-only backward (every weight frozen):
 #   tiny  (1.25 M params per stage, 2 blocks each): stage 0 F 19, B 36;  stage 1 F 20, B 38, I 23
 #   small (6.39 M params per stage, 4 blocks each): stage 0 F 87, B 167; stage 1 F 84, B 166, I 95
@@ -160,27 +164,6 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return xf.type_as(x) * self.weight
-
-
-def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, each (max_seq_len, head_dim / 2) float32 on the default device.
-
-    Angle of position p and pair i is p * theta^(-2i / head_dim) radians; computed in float64 for accuracy.
-    """
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (head_dim/2,)
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate feature pairs (i, i + hd/2) of x (B, T, heads, hd) by the angles in cos/sin (T, hd/2).
-
-    This is the "rotate half" layout; it differs from Meta's interleaved pairs only by a fixed permutation of
-    the head features, which is immaterial for a model trained from scratch.
-    """
-    x1, x2 = x.float().chunk(2, dim=-1)
-    c, s = cos[None, :, None, :], sin[None, :, None, :]  # broadcast over batch and heads
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).type_as(x)
 
 
 class Attention(nn.Module):
@@ -275,7 +258,7 @@ class TransformerStage(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False) if is_last else None
         self._tie()
         # Rotary tables shared by every block of the stage; recomputed rather than checkpointed.
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -284,16 +267,21 @@ class TransformerStage(nn.Module):
             self.head.weight = self.embed.weight
 
     @torch.no_grad()
+    def reset_rope(self) -> None:
+        """Tie the head again (to_empty() may have replaced the shared tensor) and fill the rotary tables."""
+        self._tie()
+        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta, self.cfg.rope_scaling)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+
+    @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """Fill every parameter and buffer from (seed, part name); see the module docstring.
 
         Values are exactly reproducible for a given device type (CPU and CUDA generators differ).
         """
-        self._tie()  # to_empty() may have replaced the shared tensor
+        self.reset_rope()
         device = self.rope_cos.device
-        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
         if self.embed is not None:
             self.embed.weight.normal_(0.0, INIT_STD, generator=_generator(seed, "embed", device))
         out_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
@@ -362,41 +350,3 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def count_params(module: nn.Module) -> int:
     """Number of parameter elements, counting a shared (tied) tensor once."""
     return sum(p.numel() for p in module.parameters())
-
-
-def _time_ms(fn, setup=lambda: None, repeats: int = 20) -> float:
-    """Median wall time of fn(setup()) in milliseconds, setup untimed, after three warm-up calls."""
-    times = []
-    for _ in range(3 + repeats):
-        arg = setup()
-        start = time.perf_counter()
-        fn(arg)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times[3:])
-
-
-def _benchmark(batch: int = 4, seq_len: int = 128, num_stages: int = 2) -> None:
-    """Print forward (F), full backward (B) and input-only backward (I) ms per micro-batch per stage."""
-    torch.set_num_threads(1)  # one compute thread per rank, as torchrun's OMP_NUM_THREADS=1 gives
-    gen = torch.Generator().manual_seed(0)
-    for name in ("tiny", "small"):
-        cfg = MODELS[name]
-        tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=gen)
-        for s in range(num_stages):
-            stage = build_stage(cfg, s, num_stages, seed=0)
-            x = tokens if s == 0 else torch.randn(batch, seq_len, cfg.dim, requires_grad=True)
-
-            def scalar(stage=stage, x=x, tokens=tokens) -> torch.Tensor:
-                y = stage(x)  # a middle stage's gradient source is a stand-in scalar of its output
-                return loss_fn(y, tokens) if stage.is_last else y.square().mean()
-
-            fwd = _time_ms(lambda _, scalar=scalar: scalar().detach())
-            bwd = _time_ms(lambda y: y.backward(), setup=scalar)
-            # I: gradient for the stage input only, as when every weight is frozen (none on stage 0).
-            inp = _time_ms(lambda y, x=x: torch.autograd.grad(y, [x]), setup=scalar) if s else None
-            print(f"{name:6s} stage {s}/{num_stages} ({count_params(stage):,} params, threads=1, micro-batch "
-                  f"{batch}x{seq_len}): F {fwd:.1f} ms, B {bwd:.1f} ms, I {'-' if inp is None else f'{inp:.1f}'} ms")
-
-
-if __name__ == "__main__":
-    _benchmark()

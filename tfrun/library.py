@@ -1,0 +1,171 @@
+"""The freezer as a library: TimelyFreeze's per-(stage, micro-batch) freezing and per-action timing on your own
+`PipelineStage`s and torch schedule, in the training loop you already have (docs/library.md).
+
+    stage = PipelineStage(my_stage_module, stage_index, num_stages, device)      # built your way
+    hooks = FreezeHooks.from_plan("plan.json", [stage], schedule_class="ScheduleGPipe", num_microbatches=8)
+    schedule = ScheduleGPipe(stage, 8, loss_fn=hooks.timed_loss(loss_fn))       # your schedule, as usual
+    for step in range(steps):
+        with hooks.step(step):
+            schedule.step(x, target=y)                                           # as usual
+        optimizer.step(); optimizer.zero_grad()
+
+`FreezeHooks` installs tfrun.runtime's overrides on each stage (tfrun.runtime.install_hooks: the stage's class
+becomes a subclass of its own), so every torch schedule that calls the stage's per-chunk methods (all of
+them) runs the plan: in micro-batch j of stage s, the tensors the freezer selects for that action (a share of
+the stage's weight-gradient work equal to the plan's ratio, tfrun.freezing) get no gradient from it. A plan
+that freezes nothing leaves every gradient bit for bit as without the hooks (examples/own_pipeline.py, tested).
+
+`measured_profile` turns the hooks' timings of unfrozen and fully frozen steps into a tfplan profile, so
+`tfplan solve` can plan a model that is not tfrun's. The online controller (tfrun.online) is not offered here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from tfrun.errors import TfrunError
+from tfrun.freezing import AUTO, Freezer, candidates
+from tfrun.runtime import DETACH, StepState, install_hooks
+from tfrun.timing import ActionTimer, gather_records
+
+
+class FreezeHooks:
+    """Freezing and timing hooks on one process's pipeline stages.
+
+    Args:
+        stages: this process's PipelineStage objects (any subclass), before the schedule is built on them.
+        num_microbatches: micro-batches per step of the schedule.
+        ratios: (stage index, micro-batch) -> freeze ratio in [0, 1] of that micro-batch's backward; absent = 0.
+        seed: freeze-selection seed (the same on every process).
+        policy: which tensors an action freezes (tfrun.freezing Note [freeze policy]).
+        method: "detach" or "grad" (tfrun.runtime Note [freeze methods]).
+        redraw_every: steps per window of frozen sets (tfrun.freezing).
+        autocast: a compute dtype for the forwards (tfrun.runtime Note [autocast]), e.g. torch.bfloat16.
+    """
+
+    def __init__(self, stages: Sequence, *, num_microbatches: int,
+                 ratios: Mapping[tuple[int, int], float] | None = None, seed: int = 0, policy: str = AUTO,
+                 method: str = DETACH, redraw_every: int = 10, autocast: torch.dtype | None = None) -> None:
+        if not stages:
+            raise TfrunError("FreezeHooks needs at least one PipelineStage")
+        ratios = dict(ratios or {})
+        for (s, mb), r in ratios.items():
+            if not 0.0 <= r <= 1.0 or not 0 <= mb < num_microbatches:
+                raise TfrunError(f"ratios[({s}, {mb})]: need a ratio in [0, 1] and a micro-batch < {num_microbatches}")
+        self.stages = list(stages)
+        self.num_microbatches = num_microbatches
+        local = {st.stage_index: st.submod for st in self.stages}
+        self.freezer = Freezer({s: candidates(m) for s, m in local.items()},
+                               {k: r for k, r in ratios.items() if k[0] in local}, num_microbatches=num_microbatches,
+                               seed=seed, redraw_every=redraw_every, policy=policy)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        self.timer = ActionTimer(rank, self.stages[0].device)
+        self.state = StepState(freezing=True)
+        for st in self.stages:
+            install_hooks(st, freezer=self.freezer, timer=self.timer, state=self.state, method=method,
+                          autocast=autocast)
+
+    @classmethod
+    def from_plan(cls, plan: str | Path, stages: Sequence, *, num_microbatches: int,
+                  schedule_class: str | None = None, **kwargs) -> FreezeHooks:
+        """Hooks that apply a `tfplan solve` plan. The plan must be for this split (stage count) and these
+        micro-batches; `schedule_class` (e.g. "ScheduleGPipe"), when given, must be the plan's schedule's torch
+        class, since the plan's ratios are solved for that order.
+
+        Raises:
+            TfrunError / TfplanError: an unreadable plan, or one for another pipeline.
+        """
+        from tfplan import plan as plan_mod
+        from tfplan import schedules
+
+        p = plan_mod.load(plan)
+        sched = p.schedule
+        num_stages = stages[0].num_stages if stages else 0
+        torch_class = schedules.get_spec(sched.name).torch_class if sched.name in schedules.SCHEDULES else None
+        if sched.num_stages != num_stages or sched.num_microbatches != num_microbatches:
+            raise TfrunError(f"{plan}: planned for {sched.num_stages} stages x {sched.num_microbatches} micro-batches, "
+                             f"these stages are {num_stages} x {num_microbatches}")
+        loop_class = (schedule_class or "").lower().removeprefix("schedule")
+        if schedule_class is not None and torch_class is not None and torch_class.lower() != loop_class:
+            raise TfrunError(f"{plan}: planned for torch's {torch_class} ({sched.name}), the loop runs "
+                             f"{schedule_class}")
+        ratios = {(a.stage, a.mb): r for a, r in zip(p.dag.actions, p.ratios) if r > 0}
+        return cls(stages, num_microbatches=num_microbatches, ratios=ratios, **kwargs)
+
+    @contextlib.contextmanager
+    def step(self, step: int, *, timed: bool = True) -> Iterator[None]:
+        """Wrap one `schedule.step(...)`: the freezer's selections for training step `step`, and its timing."""
+        self.state.begin(step)
+        self.timer.enabled = timed
+        self.timer.begin_step(step)
+        yield
+        self.timer.end_step()
+        self.freezer.end_step(step, self.state.frozen_counts)
+
+    def timed_loss(self, loss_fn: Callable) -> Callable:
+        """loss_fn, its time counted in the last stage's forward (as tfrun does; tfrun.timing.extend_last)."""
+        return lambda output, target: self.timer.extend_last(loss_fn, output, target)
+
+    def set_ratios(self, ratios: Mapping[tuple[int, int], float], start_step: int) -> None:
+        """Apply other ratios from `start_step` on (e.g. everything at 1.0 to time frozen backwards)."""
+        local = {st.stage_index for st in self.stages}
+        self.freezer.set_plan({k: r for k, r in ratios.items() if k[0] in local}, start_step, 0)
+
+    @property
+    def frozen_shares(self) -> dict[tuple[int, int], float]:
+        """(stage, micro-batch) -> the share of its weight-gradient work frozen in the last step."""
+        return dict(self.state.shares)
+
+    def state_dict(self) -> dict:
+        """The freezer's state (the plan in force, statistics), for your checkpoints."""
+        return self.freezer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.freezer.load_state_dict(state)
+
+
+def measured_profile(hooks: FreezeHooks, *, unfrozen_steps: range, frozen_steps: range, name: str,
+                     source: Mapping | None = None):
+    """A tfplan profile (per stage: F, B unfrozen, B with everything frozen) from the hooks' timings of
+    `unfrozen_steps` (nothing frozen) and `frozen_steps` (everything frozen: set_ratios(1.0)), medians over
+    every micro-batch, gathered over the processes; on rank 0, None elsewhere. Every process calls it.
+
+    For schedules without split backwards only F and B exist: I is taken as the frozen B and W as B minus it.
+    p2p, dispatch and tails are not measured (0), so predictions are of compute and bubbles only.
+    """
+    from tfplan import profile as profile_mod
+    from tfplan.actions import parse_action
+
+    records = gather_records(hooks.timer.records)
+    if records is None:
+        return None
+    times: dict[tuple[int, str, bool], list[float]] = {}
+    for r in records:
+        frozen, action = r.step in frozen_steps, parse_action(r.action)
+        if frozen or r.step in unfrozen_steps:
+            times.setdefault((action.stage, action.kind, frozen), []).append(r.duration_ms)
+    stages = []
+    num_stages = hooks.stages[0].num_stages
+    for s in range(num_stages):
+        try:
+            fwd = statistics.median(times[(s, "F", False)])
+            bwd = statistics.median(times[(s, "B", False)])
+            frozen = 0.0 if s == 0 else min(statistics.median(times[(s, "B", True)]), bwd)
+        except KeyError:
+            raise TfrunError(f"stage {s}: no F or B timed in the given steps (a split-backward schedule, or too "
+                             f"few steps)") from None
+        stages.append(profile_mod.StageCost(forward_ms=fwd, backward_ms=bwd, backward_frozen_ms=frozen,
+                                            backward_input_ms=frozen, backward_weight_ms=bwd - frozen,
+                                            backward_weight_frozen_ms=0.0, name=f"stage {s}"))
+    src = {"kind": "measured", "tool": "tfrun.library", "device": _device_name(), "torch": torch.__version__,
+           "num_microbatches": hooks.num_microbatches, **(source or {})}
+    return profile_mod.Profile(name=name, source=src, p2p_ms=0.0, stages=tuple(stages))
+
+
+def _device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
