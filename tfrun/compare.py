@@ -103,17 +103,22 @@ def _step_tokens(config: dict) -> int:
 
 
 def _caps(run: Run) -> str:
+    """The run's caps, comma-separated, and " goodput" when its plan was solved for goodput."""
     c = run.config
+    goodput = ""
     if c.get("freeze") == "timely":
         caps = c.get("max_freeze_ratio") or []
+        goodput = " goodput" if c.get("objective") == "goodput" else ""
     else:
         path = c.get("plan_path")
         try:
-            caps = json.loads(Path(path).read_text())["max_freeze_ratio"] if path else []
-        except (OSError, ValueError, KeyError, TypeError):
+            obj = json.loads(Path(path).read_text()) if path else {}
+            caps = obj["max_freeze_ratio"] if path else []
+            goodput = " goodput" if (obj.get("goodput") or {}).get("objective") == "goodput" else ""
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             caps = []
     caps = sorted(set(caps))
-    return ",".join(f"{x:g}" for x in caps)
+    return ",".join(f"{x:g}" for x in caps) + goodput
 
 
 def load_run(path: str | Path) -> Run:
