@@ -117,7 +117,10 @@ def selftest(args, rank: int) -> bool:
     grads = {n: p.grad for n, p in module.named_parameters()}
     frozen_ok = all(g is None for g in grads.values()) if rank == 1 else \
         all(torch.equal(grads[n], plain[n]) for n in plain)
-    print(json.dumps({"rank": rank, "gradients_equal_without_hooks": equal, "plan_applied": frozen_ok}), flush=True)
+    # one write per report: two ranks share torchrun's stdout, and print() writes the newline apart
+    sys.stdout.write(json.dumps({"rank": rank, "gradients_equal_without_hooks": equal, "plan_applied": frozen_ok})
+                     + "\n")
+    sys.stdout.flush()
     return equal and frozen_ok
 
 
@@ -150,10 +153,11 @@ def main() -> int:
 
             built = build(args, rank, "none")
             hooks, n, w = built[3], args.steps, args.warmup
-            run_steps(args, rank, built, range(n))
+            unfrozen = run_steps(args, rank, built, range(n))
             hooks.set_ratios({(s, mb): 1.0 for s in range(2) for mb in range(args.microbatches)}, n)
             run_steps(args, rank, built, range(n, 2 * n))
             prof = measured_profile(hooks, unfrozen_steps=range(w, n), frozen_steps=range(n + w, 2 * n),
+                                    step_ms=dict(enumerate(unfrozen)), schedule="gpipe",
                                     name=f"mlp-{args.width}x{args.depth}", source={
                                         "model": "examples/own_pipeline.py MLP", "width": args.width,
                                         "depth": args.depth, "microbatch_size": args.microbatch_size})

@@ -164,3 +164,12 @@ def test_the_stage0_anchor_cost_is_recorded_and_printed(tmp_path):
                                       "-o", str(out)], terminal_width=200)
     assert result.exit_code == 0 and f"the stage-0 anchor costs {anchored.anchor_cost_ms:.3f} ms" in result.output
     assert plan.load(out).anchor_cost_ms == pytest.approx(anchored.anchor_cost_ms)
+
+
+def test_the_time_limit_leaves_the_best_plan_found_uncertified():
+    d = _dag("1f1b", 2, 6, 7)
+    noise = _noise([300.0, 300.0], [0.5, 0.5])
+    out_of_time = solve_goodput(d, [0.9, 0.9], noise, 2048.0, time_limit_s=1e-9)
+    assert not out_of_time.certified and out_of_time.means == [0.0, 0.0] and out_of_time.bound == float("inf")
+    full = solve_goodput(d, [0.9, 0.9], noise, 2048.0)
+    assert full.certified and full.goodput >= out_of_time.goodput

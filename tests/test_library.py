@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -23,7 +24,12 @@ def test_the_example_matches_the_plain_loop_on_two_ranks():
            str(ROOT / "examples" / "own_pipeline.py"), "selftest", "--width", "64", "--depth", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    decoder, reports, text = json.JSONDecoder(), [], proc.stdout
+    start = text.find("{")
+    while start >= 0:  # every JSON object in the two ranks' shared output, however their lines interleave
+        obj, end = decoder.raw_decode(text, start)
+        reports.append(obj)
+        start = text.find("{", end)
     assert sorted(r["rank"] for r in reports) == [0, 1]
     assert all(r["gradients_equal_without_hooks"] and r["plan_applied"] for r in reports), reports
 
@@ -40,3 +46,38 @@ def test_a_plan_for_another_pipeline_is_refused(tmp_path):
         FreezeHooks.from_plan(plan, [stage], num_microbatches=8)
     with pytest.raises(TfrunError, match="planned for torch.s 1F1B \\(1f1b\\), the loop runs ScheduleGPipe"):
         FreezeHooks.from_plan(plan, [stage], num_microbatches=4, schedule_class="ScheduleGPipe")
+
+
+def test_measured_profile_carries_the_loops_step_overhead(tmp_path):
+    torch = torch_or_skip()
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    from tfrun.library import FreezeHooks, measured_profile
+
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'pg'}")
+    try:
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        stage = PipelineStage(module, 0, 1, torch.device("cpu"))
+        hooks = FreezeHooks([stage], num_microbatches=4)
+        schedule = ScheduleGPipe(stage, 4, loss_fn=hooks.timed_loss(torch.nn.functional.cross_entropy))
+        step_ms = {}
+        for step in range(12):
+            if step == 6:  # everything frozen from here: the frozen backward's time
+                hooks.set_ratios({(0, mb): 1.0 for mb in range(4)}, 6)
+            x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
+            t0 = time.perf_counter()
+            with hooks.step(step):
+                schedule.step(x, target=y)
+            time.sleep(0.02)  # the loop's own work outside the actions: 20 ms
+            step_ms[step] = (time.perf_counter() - t0) * 1e3
+        prof = measured_profile(hooks, unfrozen_steps=range(1, 6), frozen_steps=range(7, 12), step_ms=step_ms,
+                                schedule="gpipe", name="mlp", source={"model": "test MLP"})
+    finally:
+        dist.destroy_process_group()
+    s = prof.stages[0]
+    assert s.forward_ms > 0 and s.backward_ms > 0 and s.backward_frozen_ms <= s.backward_ms
+    assert prof.step_overhead_ms >= 20.0  # the 20 ms outside the actions, which the replay does not see
+    assert prof.source["tool"] == "tfrun.library" and prof.source["model"] == "test MLP"
+    assert "seq_len" not in prof.source

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import torch_or_skip
-from tfrun import measure, provenance
+from tfrun import provenance, summarize
 from tfrun.config import TrainConfig
 from tfrun.errors import TfrunError
 
@@ -64,22 +64,22 @@ def test_force_turns_the_refusal_into_a_prediction_note(monkeypatch) -> None:
     note = provenance.check_plan_profile("p.json", source, CONFIG, force=True)
     assert note.endswith("(model differs)")
     forced = dataclasses.replace(CONFIG, prediction_note=note, predicted_step_ms=10.0)
-    out = measure.caveats(forced, {"predicted_step_ms": 10.0, "prediction_error": 0.5, "timing_note": None})
+    out = summarize.caveats(forced, {"predicted_step_ms": 10.0, "prediction_error": 0.5, "timing_note": None})
     assert out["prediction_error"] is None and out["prediction_note"].endswith("(model differs)")
-    assert measure.caveats(CONFIG, {"predicted_step_ms": 10.0, "timing_note": None}) == {}
+    assert summarize.caveats(CONFIG, {"predicted_step_ms": 10.0, "timing_note": None}) == {}
 
 
 def test_no_timed_step_is_said_not_hidden() -> None:
     config = dataclasses.replace(CONFIG, predicted_step_ms=10.0, timing_warmup_steps=3)
     rows = [{"step": s, "loss": 1.0, "step_time_ms": 100.0 + s, "tokens_per_s": 1.0, "freeze_ratio": [0.0, 0.0],
              "timed": False} for s in range(2)]
-    summary = measure.summarize(config, rows, [], [])
+    summary = summarize.summarize(config, rows, [], [])
     assert summary["timed_steps"] == 0 and summary["step_time_ms"] == 100.5
     assert summary["timing_note"].startswith("no timed step (steps 2 <= ramp 0 + timing warm-up 3)")
-    summary |= measure.caveats(config, summary)
+    summary |= summarize.caveats(config, summary)
     assert summary["prediction_error"] is None and "no timed step" in summary["prediction_note"]
     rows[1]["timed"] = True
-    summary = measure.summarize(config, rows, [], [])
+    summary = summarize.summarize(config, rows, [], [])
     assert (summary["timed_steps"], summary["timing_note"], summary["step_time_ms"]) == (1, None, 101.0)
 
 

@@ -26,6 +26,7 @@ among the fastest the least freezing (whose progress is at least P(m*)), made by
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -36,8 +37,10 @@ from ortools.linear_solver import pywraplp
 from tfplan.dag import Dag
 from tfplan.errors import TfplanError
 from tfplan.goodput import NoiseModel, progress
-from tfplan.lp import Deadline, precedence_rows
+from tfplan.lp import Deadline, TimeLimitReached, precedence_rows
 from tfplan.simulate import simulate
+
+log = logging.getLogger(__name__)
 
 TOL = 1e-8
 """Relative tolerance of the goodput optimum (Note [goodput LP]); GLOP's own tolerances leave the tangents
@@ -65,6 +68,8 @@ class GoodputSolution:
     lp_solves: int
     dinkelbach_steps: int
     wall_s: float
+    certified: bool = True
+    """False when the time limit stopped the search: `means` is the best plan found, `bound` is infinite."""
 
     @property
     def pays(self) -> bool:
@@ -82,10 +87,11 @@ def efficiency_slope(m: float, batch_tokens: float, noise: float) -> tuple[float
 
 def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_tokens: float,
                   time_limit_s: float | None = None) -> GoodputSolution:
-    """Note [goodput LP] on GLOP. `noise` is per stage of the DAG; `caps` one per stage.
+    """Note [goodput LP] on GLOP. `noise` is per stage of the DAG; `caps` one per stage. When the time limit
+    stops it, the best stage means found so far come back, not certified (a warning).
 
     Raises:
-        TfplanError: the time limit, or a GLOP status other than OPTIMAL.
+        TfplanError: a GLOP status other than OPTIMAL.
     """
     start = time.perf_counter()
     deadline = Deadline(limit_s=time_limit_s)
@@ -110,14 +116,31 @@ def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_toke
     for s, cap in enumerate(caps):
         for m in {0.0, cap / 2, cap}:
             model.add_cut(s, m, *rel(s, m))
-    lam, best_means, best_goodput = 1.0 / d0, [0.0] * len(caps), 1.0 / d0
-    t_min = None
-    solves = steps = 0
+    best = {"lam": 1.0 / d0, "means": [0.0] * len(caps), "goodput": 1.0 / d0, "upper": math.inf,
+            "t_min": simulate(dag, dag.d_min).batch_time_ms, "solves": 0, "steps": 0}
+    certified = True
+    try:
+        _dinkelbach(model, w, rel, rel_progress, overhead, best, deadline)
+    except TimeLimitReached:
+        certified = False
+        log.warning("--objective goodput: the time limit stopped the goodput search after %d LP solves; the plan "
+                    "is the best found, not certified optimal", best["solves"])
+    bound = (best["lam"] + max(0.0, best["upper"]) / best["t_min"]) * p0 if certified else math.inf
+    return GoodputSolution(means=best["means"], goodput=best["goodput"] * p0, unfrozen_goodput=p0 / d0,
+                           bound=bound, lp_solves=best["solves"], dinkelbach_steps=best["steps"],
+                           wall_s=time.perf_counter() - start, certified=certified)
+
+
+def _dinkelbach(model, w, rel, rel_progress, overhead: float, best: dict, deadline: Deadline) -> None:
+    """Note [goodput LP]: Dinkelbach steps, each solved by Kelley's cuts; `best` holds lam, the best plan's
+    means and goodput, the last subproblem bound U, t_min and the counts, updated as it goes (so that a time
+    limit leaves the best found)."""
+    lam = best["lam"]
     while True:
-        steps += 1
+        best["steps"] += 1
         while True:  # Kelley: cuts until the LP's value meets the true one at its point
-            solves += 1
-            if solves > MAX_ROUNDS:
+            best["solves"] += 1
+            if best["solves"] > MAX_ROUNDS:
                 raise TfplanError(f"--objective goodput: no convergence in {MAX_ROUNDS} LP solves (a bug)")
             upper, means, phis, finish = model.solve(lam, w, deadline)
             upper -= lam * overhead  # the subproblem's value: max P - lam (T + o), o a constant
@@ -132,16 +155,12 @@ def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_toke
             if not added:  # the tangents at this point are in: what is left is GLOP's tolerance
                 break
         goodput = rel_progress(means) / (finish + overhead)
-        if goodput > best_goodput:
-            best_goodput, best_means = goodput, list(means)
-        if t_min is None:  # a lower bound on any plan's step: everything frozen (the bound needs no LP)
-            t_min = simulate(dag, dag.d_min).batch_time_ms
-        if upper <= TOL * lam * t_min or goodput <= lam * (1 + TOL):
-            break  # certified; or lam no longer grows: the LP's own tolerance is the floor (see TOL)
+        if goodput > best["goodput"]:
+            best["goodput"], best["means"] = goodput, list(means)
+        best["upper"], best["lam"] = upper, lam
+        if upper <= TOL * lam * best["t_min"] or goodput <= lam * (1 + TOL):
+            return  # certified; or lam no longer grows: the LP's own tolerance is the floor (see TOL)
         lam = goodput
-    return GoodputSolution(means=best_means, goodput=best_goodput * p0, unfrozen_goodput=p0 / d0,
-                           bound=(lam + max(0.0, upper) / t_min) * p0, lp_solves=solves, dinkelbach_steps=steps,
-                           wall_s=time.perf_counter() - start)
 
 
 class _Model:
@@ -207,11 +226,11 @@ class _Model:
         self.solver.SetSolverSpecificParametersAsString(WARM_PARAMS)
         remaining = deadline.remaining()
         if remaining <= 0.0:
-            raise TfplanError(f"--time-limit: the goodput solve reached the limit of {deadline.limit_s:g} s")
+            raise TimeLimitReached(f"--time-limit: the goodput solve reached the limit of {deadline.limit_s:g} s")
         if math.isfinite(remaining):
             self.solver.SetTimeLimit(max(1, int(remaining * 1000)))
         status = self.solver.Solve()
         if status != pywraplp.Solver.OPTIMAL:
             if deadline.expired():
-                raise TfplanError(f"--time-limit: the goodput solve reached the limit of {deadline.limit_s:g} s")
+                raise TimeLimitReached(f"--time-limit: the goodput solve reached the limit of {deadline.limit_s:g} s")
             raise TfplanError(f"--objective goodput: GLOP returned status {status} instead of OPTIMAL")

@@ -268,8 +268,10 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
         best = goodput_lp.solve_goodput(dag, caps, noise, batch, time_limit_s)
         limits = [min(c, m) for c, m in zip(caps, best.means)] if best.pays else [0.0] * len(caps)
         record = ("goodput", noise, batch, {"lp_solves": best.lp_solves, "dinkelbach_steps": best.dinkelbach_steps,
-                                            "wall_s": best.wall_s, "bound": best.bound / best.unfrozen_goodput,
-                                            "means": best.means})
+                                            "wall_s": best.wall_s, "certified": best.certified, "means": best.means,
+                                            "bound": best.bound / best.unfrozen_goodput if best.certified else None})
+        if time_limit_s is not None:  # the whole solve keeps the limit: the plan's LP gets what is left
+            time_limit_s = max(1.0, time_limit_s - best.wall_s)
     elif noise is not None:
         record = ("makespan", noise, batch_tokens(profile, dag.schedule, noise), None)
     target = None if target_speedup is None else target_makespan(dag, target_speedup)

@@ -2,7 +2,7 @@
 programs that read it back (`tfplan explain`, `tfrun train`'s table, `tfrun profile`), so a damaged or
 hand-edited summary is one clear line, never a KeyError.
 
-A summary is a flat JSON object written by tfrun (tfrun.measure.summarize, tfrun.online); readers check
+A summary is a flat JSON object written by tfrun (tfrun.summarize); readers check
 the fields they use (`required`) and the type of every known field present. Fields this module does not
 know are allowed (newer tfrun versions add fields; readers ignore them).
 """

@@ -15,8 +15,9 @@ them) runs the plan: in micro-batch j of stage s, the tensors the freezer select
 the stage's weight-gradient work equal to the plan's ratio, tfrun.freezing) get no gradient from it. A plan
 that freezes nothing leaves every gradient bit for bit as without the hooks (examples/own_pipeline.py, tested).
 
-`measured_profile` turns the hooks' timings of unfrozen and fully frozen steps into a tfplan profile, so
-`tfplan solve` can plan a model that is not tfrun's. The online controller (tfrun.online) is not offered here.
+`measured_profile` turns the hooks' timings of unfrozen and fully frozen steps, and your loop's step times, into
+a tfplan profile (tfrun's one profile builder), so `tfplan solve` can plan a model that is not tfrun's. The
+online controller (tfrun.online) is not offered here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -129,42 +131,40 @@ class FreezeHooks:
         self.freezer.load_state_dict(state)
 
 
-def measured_profile(hooks: FreezeHooks, *, unfrozen_steps: range, frozen_steps: range, name: str,
-                     source: Mapping | None = None):
-    """A tfplan profile (per stage: F, B unfrozen, B with everything frozen) from the hooks' timings of
-    `unfrozen_steps` (nothing frozen) and `frozen_steps` (everything frozen: set_ratios(1.0)), medians over
-    every micro-batch, gathered over the processes; on rank 0, None elsewhere. Every process calls it.
-
-    For schedules without split backwards only F and B exist: I is taken as the frozen B and W as B minus it.
-    p2p, dispatch and tails are not measured (0), so predictions are of compute and bubbles only.
+def measured_profile(hooks: FreezeHooks, *, unfrozen_steps: range, frozen_steps: range, step_ms: Mapping[int, float],
+                     schedule: str, name: str, source: Mapping | None = None):
+    """A tfplan profile from the hooks' timings, on rank 0 (None elsewhere; every process calls it): F, B (or I
+    and W) from `unfrozen_steps` (nothing frozen) and their frozen times from `frozen_steps` (everything frozen:
+    set_ratios(1.0)), medians over every micro-batch; and from the unfrozen steps the executor's dispatch cost,
+    the p2p lag and the step overhead (your loop's measured step, `step_ms`: step -> ms of the whole step as
+    you time it, optimizer included, against the replay of the measured actions on `schedule`, the tfplan name
+    of your torch schedule). The one profile builder of tfrun (tfrun.measure.measured_profile, Note [step
+    overhead]), so `tfplan solve` predicts your loop's step, not only its compute.
     """
-    from tfplan import profile as profile_mod
-    from tfplan.actions import parse_action
+    from tfplan import schedules
+    from tfrun import measure
+    from tfrun.config import TrainConfig
 
     records = gather_records(hooks.timer.records)
+    times = [step_ms[s] for s in unfrozen_steps if s in step_ms]
     if records is None:
         return None
-    times: dict[tuple[int, str, bool], list[float]] = {}
-    for r in records:
-        frozen, action = r.step in frozen_steps, parse_action(r.action)
-        if frozen or r.step in unfrozen_steps:
-            times.setdefault((action.stage, action.kind, frozen), []).append(r.duration_ms)
-    stages = []
+    if not times:
+        raise TfrunError("measured_profile: step_ms has none of the unfrozen steps")
     num_stages = hooks.stages[0].num_stages
-    for s in range(num_stages):
-        try:
-            fwd = statistics.median(times[(s, "F", False)])
-            bwd = statistics.median(times[(s, "B", False)])
-            frozen = 0.0 if s == 0 else min(statistics.median(times[(s, "B", True)]), bwd)
-        except KeyError:
-            raise TfrunError(f"stage {s}: no F or B timed in the given steps (a split-backward schedule, or too "
-                             f"few steps)") from None
-        stages.append(profile_mod.StageCost(forward_ms=fwd, backward_ms=bwd, backward_frozen_ms=frozen,
-                                            backward_input_ms=frozen, backward_weight_ms=bwd - frozen,
-                                            backward_weight_frozen_ms=0.0, name=f"stage {s}"))
-    src = {"kind": "measured", "tool": "tfrun.library", "device": _device_name(), "torch": torch.__version__,
-           "num_microbatches": hooks.num_microbatches, **(source or {})}
-    return profile_mod.Profile(name=name, source=src, p2p_ms=0.0, stages=tuple(stages))
+    spec = schedules.get_spec(schedule)
+    sched = schedules.generate(spec.name, num_stages // spec.default_stages_per_rank, hooks.num_microbatches)
+    config = TrainConfig(order=[[str(a) for a in row] for row in sched.order], num_stages=sched.num_stages,
+                         num_microbatches=hooks.num_microbatches, stage_to_rank=list(sched.stage_to_rank),
+                         schedule_name=sched.name, model=name, freeze="none")
+    kept = [r for r in records if r.step in unfrozen_steps or r.step in frozen_steps]
+    prof = measure.measured_profile(
+        config, kept, [], statistics.median(times), name, {},
+        share_of=lambda r: 1.0 if r.step in frozen_steps else 0.0,
+        replay_records=[r for r in kept if r.step in unfrozen_steps])
+    # the loop's own shape and provenance, not a TrainConfig's defaults
+    src = {k: v for k, v in prof.source.items() if k not in ("microbatch_size", "seq_len", "model", "freeze")}
+    return replace(prof, source=src | {"tool": "tfrun.library", **(source or {})})
 
 
 def _device_name() -> str:

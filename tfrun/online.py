@@ -25,7 +25,7 @@ steps give every stage's frozen time several samples while three quarters of eac
 
 Every phase start, the probe, each solve and re-plan are records of metrics.jsonl with an "event" field. The
 solves and drift checks run between steps: a run's wall time carries them (tfrun.wallclock Note [wall time]),
-and the run's summary (tfrun.measure.summarize) reports each plan against the steps it was in force for.
+and the run's summary (tfrun.summarize.summarize) reports each plan against the steps it was in force for.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from tfplan.actions import FREEZABLE, parse_action
 from tfplan.fileio import write_json_atomic
 from tfplan.goodput import NoiseModel
 from tfplan.lp import DEFAULT_TIME_LIMIT_S
-from tfrun import drift, measure
+from tfrun import drift, measure, summarize
 from tfrun.config import TrainConfig
 from tfrun.errors import TfrunError
 from tfrun.freezing import Freezer
@@ -161,7 +161,7 @@ class OnlinePlanner:
             def share_of(r: ActionTime) -> float:
                 return 1.0 if (r.step, parse_action(r.action).mb) in in_probe else 0.0
 
-            step_ms = statistics.median(row["step_time_ms"] for row in measure.step_rows(metrics)
+            step_ms = statistics.median(row["step_time_ms"] for row in summarize.step_rows(metrics)
                                         if monitor[0] <= row["step"] < monitor[1])
             prof = measure.measured_profile(
                 self.config, all_records, all_spans, step_ms, f"online-{self.config.model}", self.stage_numel,
@@ -256,9 +256,9 @@ class OnlinePlanner:
         return (f"online TimelyFreeze{seed}: {', '.join(parts)}; caps {c.max_freeze_ratio}; re-plan when an "
                 f"action kind drifts by more than {c.replan_threshold:.0%} (checked every {c.replan_window} steps)")
 
-    def record(self) -> measure.OnlineRecord:
-        """What the run's summary needs of the online mode (tfrun.measure.summarize)."""
-        return measure.OnlineRecord(
+    def record(self) -> summarize.OnlineRecord:
+        """What the run's summary needs of the online mode (tfrun.summarize.summarize)."""
+        return summarize.OnlineRecord(
             bounds=self.bounds, plans=[p.to_dict() for p in self.plans], solve_s=list(self.solve_s),
             planned_freeze_ratio=self.plan.mean_ratio_per_stage() if self.plan is not None else None)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tfrun import baselines, checkpoint, measure
+from tfrun import baselines, checkpoint, measure, summarize
 from tfrun.config import TrainConfig
 from tfrun.data import Batches, eval_batches, rank_tokens, split_tokens
 from tfrun.models import stage_numel
@@ -141,10 +141,10 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     agree = r.replicas_agree()
     if rank != 0:
         return None
-    summary = measure.summarize(config, metrics, records, stats, online.record() if online is not None else None)
+    summary = summarize.summarize(config, metrics, records, stats, online.record() if online is not None else None)
     if config.dp > 1:
         summary["replicas_froze_alike"] = agree
-    summary |= measure.caveats(config, summary)
+    summary |= summarize.caveats(config, summary)
     (out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
     measure.write_outputs(out, config, summary, records, stats, spans, online.profile() if online else None)
     return summary
