@@ -132,7 +132,9 @@ def predictions(folders: dict[str, Path], compared: dict, batch_tokens: float) -
     lines = [f"noise scale of the unfrozen run (median over its measured steps): "
              f"{', '.join(f'{x:.0f}' for x in noise.noise_scale_tokens)} tokens per stage, |G|^2 shares "
              f"{', '.join(f'{x:.2f}' for x in noise.grad_sq_share)}; batch {batch_tokens:.0f} tokens",
-             f"{'run':24s} {'ratios':>11s} {'efficiency':>10s} {'speedup':>8s} {'goodput':>8s} "
+             "forward ms: the run's median forward per stage (never frozen, so its change against the unfrozen "
+             "run's is the machine's drift between runs, less 1-3% for frozen micro-batches: docs/benchmarks.md)",
+             f"{'run':24s} {'ratios':>11s} {'forward ms':>12s} {'efficiency':>10s} {'speedup':>8s} {'goodput':>8s} "
              f"{'gap at equal time':>18s}  agree"]
     table = []
     for row in compared["runs"]:
@@ -143,8 +145,10 @@ def predictions(folders: dict[str, Path], compared: dict, batch_tokens: float) -
         gap = row["eval_gap_same_time"]
         agree = "-" if gap is None or name == "none" else ("yes" if (good > 1) == (gap < 0) else "no")
         table.append((name, good, gap))
-        lines.append(f"{name:24s} {' '.join(f'{r:.2f}' for r in ratios):>11s} {eff:10.3f} {row['speedup']:8.3f} "
-                     f"{good:8.3f} {'-' if gap is None else f'{gap:+.2%}':>18s}  {agree}")
+        kinds = json.loads((Path(row["dir"]) / "timings.json").read_text())["by_stage_kind_ms"]
+        forward = " ".join(f"{v:.1f}" for k, v in sorted(kinds.items()) if k.endswith("F"))
+        lines.append(f"{name:24s} {' '.join(f'{r:.2f}' for r in ratios):>11s} {forward:>12s} {eff:10.3f} "
+                     f"{row['speedup']:8.3f} {good:8.3f} {'-' if gap is None else f'{gap:+.2%}':>18s}  {agree}")
     ranked = [(g, gap) for name, g, gap in table if gap is not None]
     if len(ranked) >= 3:
         lines.append(f"rank correlation (Spearman) of predicted goodput with the measured gain at equal time "
