@@ -78,6 +78,9 @@ def test_measured_profile_carries_the_loops_step_overhead(tmp_path):
         dist.destroy_process_group()
     s = prof.stages[0]
     assert s.forward_ms > 0 and s.backward_ms > 0 and s.backward_frozen_ms <= s.backward_ms
-    assert prof.step_overhead_ms >= 20.0  # the 20 ms outside the actions, which the replay does not see
+    # the 20 ms outside the actions, which the replay does not see (before the fix: 0); less a millisecond or
+    # two when the replay of median action times comes out above the median step's actions (measured: 18.9 ms
+    # under load)
+    assert 15.0 <= prof.step_overhead_ms <= 60.0
     assert prof.source["tool"] == "tfrun.library" and prof.source["model"] == "test MLP"
     assert "seq_len" not in prof.source
