@@ -13,6 +13,11 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 
 # Rich draws for the width it detects; fix it so CLI output is the same everywhere.
 os.environ.setdefault("COLUMNS", "120")
+# One compute thread for torch in the test process (and the processes it starts, unless they set their own,
+# as tfrun's launcher does per rank): on 2 cores with multi-process tests or anything else running, torch's
+# default of one thread per core spends its time contending (measured: a 4-micro-batch reference gradient 3.0 s
+# with 2 threads against 1.0 s with 1, under load), and the suite's sizes gain nothing from a second thread.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def torch_or_skip():

@@ -237,20 +237,13 @@ def _bad(args: list[str]) -> str:
 
 
 def test_bad_input_gives_one_line_before_any_rank_starts(plan_path, tmp_path):
+    """Through the real `python -m tfrun` process: exit code 1 and one line on stderr. Every other bad input
+    (plans, options, data, checkpoints) is in tests/bad_inputs, run in-process (each process here costs a torch
+    import, about 3 s)."""
     torch_or_skip()
     out = tmp_path / "never"
-    common = ["--out", str(out)]
-    assert "plan not found" in _bad(["--plan", str(tmp_path / "missing.json"), *common])
-    broken = tmp_path / "broken.json"
-    broken.write_text("{not json")
-    assert "invalid JSON" in _bad(["--plan", str(broken), *common])
-    assert "unknown model 'huge'" in _bad(["--plan", str(plan_path), "--model", "huge", *common])
-    assert "not divisible into the plan's 4 micro-batches" in _bad(
-        ["--plan", str(plan_path), "--global-batch", "10", *common])
-    assert "--freeze must be one of" in _bad(["--plan", str(plan_path), "--freeze", "some", *common])
-    assert "no checkpoint" in _bad(["--plan", str(plan_path), "--resume", str(tmp_path / "empty")])
-    six = _plan(tmp_path, ranks=6, m=6)
-    assert "fewer than the plan's 6 stages" in _bad(["--plan", str(six), *common])
+    assert "plan not found" in _bad(["--plan", str(tmp_path / "missing.json"), "--out", str(out)])
+    assert "unknown model 'huge'" in _bad(["--plan", str(plan_path), "--model", "huge", "--out", str(out)])
     assert not out.exists()  # nothing started, nothing written
 
 
