@@ -36,6 +36,7 @@ import numpy as np
 from tfplan.fastlp.dual import dual_layout
 from tfplan.fastlp.graph import GraphArrays
 from tfplan.fastlp.tied import Compressed, Phase, SparseLP
+from tfplan.simulate import earliest_starts
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -114,18 +115,7 @@ class Windows:
         p0, p1, p2 = (p.tolist() for p in g.preds)
         l0, l1, l2 = (x.tolist() for x in g.lags)
         topo = g.topo.tolist()
-        end = [0.0] * (n + 1)  # end[-1] = 0: a missing predecessor (-1) reads 0
-        head = [0.0] * n
-        for v in topo:
-            s = end[p0[v]] + l0[v]
-            x = end[p1[v]] + l1[v]
-            if x > s:
-                s = x
-            x = end[p2[v]] + l2[v]
-            if x > s:
-                s = x
-            head[v] = s
-            end[v] = s + d_min[v]
+        head, _ = earliest_starts(topo, (p0, p1, p2), (l0, l1, l2), d_min)
         after = [0.0] * (n + 1)  # longest path from an action's end to the end; after[-1] is scratch
         for u, tail in zip(g.sinks.tolist(), g.sink_tail.tolist()):
             after[u] = tail  # its rank's tail follows the rank's last action
