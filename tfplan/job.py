@@ -145,10 +145,9 @@ def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_m
         return solution
     pinned_dag, pinned_caps = pin_unfrozen(dag, caps, pin)
     left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - start)
-    if left is not None and left < 0.1 * time_limit_s:
-        log.warning("--time-limit: no time left to keep a stage-0 backward unfrozen; the plan freezes all of them")
-        return solution
     try:
+        if left is not None and left < 0.1 * time_limit_s:
+            raise TimeLimitReached("less than a tenth of --time-limit left")
         pinned = _solve_backend(pinned_dag, pinned_caps, target_makespan_ms, backend, left)
     except UnreachableTarget:  # the target needs every stage-0 backward frozen: keep the unanchored plan
         return solution

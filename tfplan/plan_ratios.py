@@ -33,6 +33,7 @@ def ratio_table(dag: Dag, ratios: Sequence[float]) -> list[list[float]]:
 
 
 def require(obj: Any, key: str, kind: type | tuple[type, ...], path: str) -> Any:
+    """obj[key], which must exist and be of `kind` (a bool is not a number); else one error naming path + key."""
     if not isinstance(obj, dict) or key not in obj:
         raise TfplanError(f"{path}{key}: missing required field")
     value = obj[key]

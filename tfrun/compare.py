@@ -113,9 +113,9 @@ def _caps(run: Run) -> str:
         path = c.get("plan_path")
         try:
             obj = json.loads(Path(path).read_text()) if path else {}
-            caps = obj["max_freeze_ratio"] if path else []
+            caps = obj.get("max_freeze_ratio", [])
             goodput = " goodput" if (obj.get("goodput") or {}).get("objective") == "goodput" else ""
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, TypeError, AttributeError):
             caps = []
     caps = sorted(set(caps))
     return ",".join(f"{x:g}" for x in caps) + goodput

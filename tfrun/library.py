@@ -165,7 +165,3 @@ def measured_profile(hooks: FreezeHooks, *, unfrozen_steps: range, frozen_steps:
     # the loop's own shape and provenance, not a TrainConfig's defaults
     src = {k: v for k, v in prof.source.items() if k not in ("microbatch_size", "seq_len", "model", "freeze")}
     return replace(prof, source=src | {"tool": "tfrun.library", **(source or {})})
-
-
-def _device_name() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

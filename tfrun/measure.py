@@ -20,6 +20,7 @@ from pathlib import Path
 from tfplan import profile as profile_mod
 from tfplan.fileio import write_json_atomic, write_text_atomic
 from tfrun.config import TrainConfig
+from tfrun.provenance import run_device
 from tfrun.timing import (
     ActionTime,
     action_table,
@@ -133,7 +134,7 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
         "num_microbatches": config.num_microbatches,
         "dp": config.dp,
         "torch": torch.__version__,
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "device": run_device(),
         "threads_per_rank": config.threads,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         "measured_fields": measured,
