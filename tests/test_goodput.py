@@ -1,4 +1,4 @@
-"""The goodput model and its LP (tfplan.goodput, tfplan.goodput_lp): closed forms, the reduction to the makespan
+"""The goodput model and its LP (tfplan.goodput, tfplan.fastlp.goodput): closed forms, the reduction to the makespan
 objective without noise, and the optimum against an independent search over the stage means."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from tfplan import dag as dag_mod
 from tfplan import profile, schedules, solver
+from tfplan.fastlp.goodput import solve_goodput
 from tfplan.goodput import NoiseModel, efficiency, evaluate, progress
-from tfplan.goodput_lp import solve_goodput
 from tfplan.simulate import simulate
 
 

@@ -115,11 +115,15 @@ def _numbers(values: Any, path: str, count: int) -> tuple[float, ...]:
 def efficiency(kept_tokens: float, noise_tokens: float) -> float:
     """Progress of one step with a batch of `kept_tokens`, relative to an infinite batch: b / (b + N).
 
-    >>> efficiency(1000.0, 0.0), efficiency(1000.0, 1000.0), efficiency(0.0, 10.0)
-    (1.0, 0.5, 0.0)
+    N = 0 (no noise: every sample carries the whole gradient) gives 1 at any batch, the limit as b falls to 0
+    included, so that a noiseless stage costs nothing to freeze and a noiseless profile's goodput is its
+    speedup (the makespan objective); b / (b + N) alone would drop to 0 at b = 0, a jump no optimum attains.
+
+    >>> efficiency(1000.0, 0.0), efficiency(0.0, 0.0), efficiency(1000.0, 1000.0), efficiency(0.0, 10.0)
+    (1.0, 1.0, 0.5, 0.0)
     """
     if noise_tokens <= 0:
-        return 1.0 if kept_tokens > 0 else 0.0
+        return 1.0
     return kept_tokens / (kept_tokens + noise_tokens)
 
 

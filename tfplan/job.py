@@ -132,14 +132,17 @@ ANCHOR_TOL = 1e-6
 
 
 def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
-              backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True):
+              backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True,
+              makespan=None):
     """The three-phase LP by the chosen backend: "glop" (tfplan.solver, the full LP), "fastlp" (tfplan.fastlp,
     periodic compression, same optima) or "auto" (by size, AUTO_FASTLP_ACTIONS); time_limit_s: seconds for
     the whole solve, the anchored one included (None: none); anchor: keep one stage-0 backward unfrozen (Note
-    [stage-0 anchor]). Returns an lp.Solution (status FEASIBLE when fastlp ran out of time)."""
+    [stage-0 anchor]); makespan: phase 1 already certified at these caps (an lp.PhaseResult from the goodput
+    search), which fastlp then does not solve again. Returns an lp.Solution (status FEASIBLE when fastlp ran
+    out of time)."""
     caps = check_caps(caps, dag.schedule.num_stages)
     start = time.perf_counter()
-    solution = _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s)
+    solution = _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s, makespan)
     pin = anchor_node(dag, solution.ratios) if anchor else None
     if pin is None:
         return solution
@@ -159,12 +162,12 @@ def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_m
     return replace(pinned, anchor_cost_ms=cost if cost > ANCHOR_TOL * solution.makespan_ms else 0.0)
 
 
-def _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s):
+def _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s, makespan=None):
     from tfplan import fastlp, solver
 
     check_backend(backend)
     if backend == "fastlp" or (backend == "auto" and dag.num_nodes > AUTO_FASTLP_ACTIONS):
-        return fastlp.solve(dag, caps, target_makespan_ms, time_limit_s)
+        return fastlp.solve(dag, caps, target_makespan_ms, time_limit_s, makespan=makespan)
     return solver.solve(dag, caps, target_makespan_ms, time_limit_s)
 
 
@@ -245,16 +248,16 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
                time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True, objective: str = "makespan",
                noise=None):
     """The DAG's plan: caps checked and expanded to one per stage, the target turned into a makespan, the LP
-    solved (solve_dag) and the plan made. Under `objective` goodput (tfplan.goodput_lp Note [goodput LP]) the
+    solved (solve_dag) and the plan made. Under `objective` goodput (tfplan.fastlp.goodput Note [goodput LP]) the
     caps become the goodput optimum's stage means (all 0 when freezing does not pay), `noise` per stage."""
     from tfplan import plan as plan_mod
 
     caps = check_caps(caps, dag.schedule.num_stages)
     if objective not in OBJECTIVES:
         raise TfplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    limits, record = caps, None
+    limits, record, known = caps, None, None
     if objective == "goodput":
-        from tfplan import goodput_lp
+        from tfplan.fastlp.goodput import solve_goodput
 
         if target_speedup is not None:
             raise TfplanError("--target-speedup asks for the least freezing at a speed, --objective goodput for the "
@@ -264,10 +267,12 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
                               "no noise section: measure it (tfplan profile, at your checkpoint with --init-from) or "
                               "give it (tfplan profile --analytic ... --noise-scale N)")
         batch = batch_tokens(profile, dag.schedule, noise)
-        best = goodput_lp.solve_goodput(dag, caps, noise, batch, time_limit_s)
+        best = solve_goodput(dag, caps, noise, batch, time_limit_s)
         limits = [min(c, m) for c, m in zip(caps, best.means)] if best.pays else [0.0] * len(caps)
+        known = best.makespan if best.pays else None  # phase 1 at exactly these caps
         record = ("goodput", noise, batch, {"lp_solves": best.lp_solves, "dinkelbach_steps": best.dinkelbach_steps,
                                             "wall_s": best.wall_s, "certified": best.certified, "means": best.means,
+                                            "lp_columns": best.lp_columns,
                                             "bound": best.bound / best.unfrozen_goodput if best.certified else None})
         if time_limit_s is not None:  # the whole solve keeps the limit: the plan's LP gets what is left
             time_limit_s = max(1.0, time_limit_s - best.wall_s)
@@ -275,7 +280,7 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
         record = ("makespan", noise, batch_tokens(profile, dag.schedule, noise), None)
     target = None if target_speedup is None else target_makespan(dag, target_speedup)
     try:
-        solution = solve_dag(dag, limits, target, backend, time_limit_s, anchor)
+        solution = solve_dag(dag, limits, target, backend, time_limit_s, anchor, known)
     except UnreachableTarget as exc:
         none = plan_mod.predict(dag, [0.0] * dag.num_nodes)[0].no_freeze_ms
         raise TfplanError(

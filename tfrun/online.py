@@ -14,7 +14,7 @@ and probe):
   stable   the plan in force; drift checks (tfrun.drift Note [drift]).
 
 Note [online goodput]: under `--objective goodput` every monitor step also measures each stage's gradient
-noise scale (tfrun.noise), the first plan maximises predicted goodput (tfplan.goodput_lp) on the profile of
+noise scale (tfrun.noise), the first plan maximises predicted goodput (tfplan.fastlp.goodput) on the profile of
 the monitor and probe steps with that noise section, and each drift check also compares the stages' noise
 scales with the plan's: one off by more than NOISE_REPLAN (relative; the noise scale grows as the loss falls)
 is a reason to solve again with the current estimates, like a drifted action time.

@@ -85,24 +85,7 @@ def solve_glop(lp: SparseLP, params: str = "", time_limit_s: float | None = None
     the optimal basis (LPResult.basis).
     """
     start = time.perf_counter()
-    ri, ci, val = _coalesce(lp.ri, lp.ci, lp.val)
-    h = mbh.ModelBuilderHelper()
-    h.add_var_array_with_bounds(lp.lb, lp.ub, np.zeros(len(lp.lb), bool), "")
-    add, set_lo, set_hi = h.add_linear_constraint, h.set_constraint_lower_bound, h.set_constraint_upper_bound
-    for lo, hi in zip(lp.row_lo.tolist(), lp.row_hi.tolist()):
-        k = add()
-        set_lo(k, lo)
-        set_hi(k, hi)
-    set_coef = h.set_constraint_coefficient
-    for r, c, v in zip(ri.tolist(), ci.tolist(), val.tolist()):
-        set_coef(r, c, v)
-    nz = np.flatnonzero(lp.obj)
-    h.set_objective_coefficients(nz.tolist(), lp.obj[nz].tolist())
-    h.set_maximize(lp.maximize)
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    assert solver is not None, "OR-Tools was built without GLOP"
-    error = solver.LoadModelFromProto(mbh.to_mpmodel_proto(h))
-    assert not error, error
+    solver = load(lp)
     if params:
         solver.SetSolverSpecificParametersAsString(params)
     if time_limit_s is not None:
@@ -124,6 +107,29 @@ def solve_glop(lp: SparseLP, params: str = "", time_limit_s: float | None = None
         objective=solver.Objective().Value(), x=np.asarray(response.variable_value), iterations=solver.iterations(),
         wall_s=time.perf_counter() - start, duals=np.asarray(response.dual_value) if duals else None, basis=statuses,
     )
+
+
+def load(lp: SparseLP) -> pywraplp.Solver:
+    """A pywraplp GLOP model of `lp` (duplicate entries summed), its columns and rows in `lp`'s order."""
+    ri, ci, val = _coalesce(lp.ri, lp.ci, lp.val)
+    h = mbh.ModelBuilderHelper()
+    h.add_var_array_with_bounds(lp.lb, lp.ub, np.zeros(len(lp.lb), bool), "")
+    add, set_lo, set_hi = h.add_linear_constraint, h.set_constraint_lower_bound, h.set_constraint_upper_bound
+    for lo, hi in zip(lp.row_lo.tolist(), lp.row_hi.tolist()):
+        k = add()
+        set_lo(k, lo)
+        set_hi(k, hi)
+    set_coef = h.set_constraint_coefficient
+    for r, c, v in zip(ri.tolist(), ci.tolist(), val.tolist()):
+        set_coef(r, c, v)
+    nz = np.flatnonzero(lp.obj)
+    h.set_objective_coefficients(nz.tolist(), lp.obj[nz].tolist())
+    h.set_maximize(lp.maximize)
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    assert solver is not None, "OR-Tools was built without GLOP"
+    error = solver.LoadModelFromProto(mbh.to_mpmodel_proto(h))
+    assert not error, error
+    return solver
 
 
 def solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str,

@@ -114,7 +114,8 @@ class _Outcome:
 
 
 def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
-          time_limit_s: float | None = None, *, first_margin: int = 2, margin: int | None = None) -> Solution:
+          time_limit_s: float | None = None, *, first_margin: int | None = None, margin: int | None = None,
+          makespan: PhaseResult | None = None) -> Solution:
     """Solve the three-phase LP of tfplan.lp exactly, compressing repeating micro-batches.
 
     Args:
@@ -125,8 +126,11 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
         time_limit_s: seconds for the whole solve, None for none; when reached, the best plan so far comes
             back FEASIBLE with its gap (Note [periodic compression], Time limit).
         first_margin, margin: the margin schedule (Note [periodic compression], Margins): phase 1 starts at
-            first_margin periods, phases 2-3 at `margin` (None: the cheaper of the stage count and the
-            time-aligned margins). Tests set them to force the margin to grow.
+            first_margin periods (None: 2 when the caps are even, else the margins of phases 2-3), phases 2-3
+            at `margin` (None: the cheaper of the stage count and the time-aligned margins). Tests set them to
+            force the margin to grow.
+        makespan: phase 1's certified optimum at these caps, found by the caller (the goodput search, Note
+            [goodput certificate] in tfplan.fastlp.goodput): phase 1 is not solved again.
 
     Returns:
         A Solution with the same phase objectives as solver.solve (to the LP tolerance), backend "fastlp";
@@ -149,10 +153,18 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
         # about two simulations' time), so that the solve as a whole keeps its limit.
         reserve = min(0.5 * time_limit_s, 2.0 * (time.perf_counter() - sim_start))
         deadline = Deadline(limit_s=time_limit_s - reserve, start=start)
-    margins = Margins(dag, g, Runs.detect(g), first_margin, margin, unfrozen.start_ms)
+    if first_margin is None and np.ptp(cap_arr) > 0.0:  # uneven caps: Note [periodic compression], Margins
+        first_margin = -1
+    margins = Margins(dag, g, Runs.detect(g), 2 if first_margin is None else first_margin, margin, unfrozen.start_ms)
     build_s = time.perf_counter() - start
     # Note [three-phase LP] (tfplan.lp): each phase bounds the next by the certified optimum.
     phase = Phase(number=1, caps=cap_arr, t_max=unfrozen.makespan_ms)
+    known: tuple[PhaseResult, ...] = ()
+    if makespan is not None:
+        assert makespan.status == OPTIMAL and makespan.name == PHASE_NAMES[0], "only a certified phase 1 is reused"
+        known = (makespan,)
+        t_ub = makespan_bound(makespan.objective, target_makespan_ms)
+        phase = Phase(number=2, caps=cap_arr, t_ub=t_ub, t_max=t_ub)
     outcomes: list[_Outcome] = []
     while True:
         outcome = _certified(phase, margins, deadline, outcomes[-1] if outcomes else None)
@@ -169,7 +181,7 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
                           t_max=phase.t_ub)
     if not outcomes:
         raise TimeLimitReached(f"--time-limit: no feasible plan within {time_limit_s:g} s (fastlp); raise the limit")
-    phases = tuple(o.result for o in outcomes)
+    phases = known + tuple(o.result for o in outcomes)
     last = outcomes[-1]
     best = phases[0].objective
     if len(phases) < 3 or last.result.status != OPTIMAL:
