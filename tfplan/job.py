@@ -257,7 +257,7 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
         raise TfplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     limits, record, known = caps, None, None
     if objective == "goodput":
-        from tfplan.fastlp.goodput import solve_goodput
+        from tfplan.fastlp import solve_goodput
 
         if target_speedup is not None:
             raise TfplanError("--target-speedup asks for the least freezing at a speed, --objective goodput for the "

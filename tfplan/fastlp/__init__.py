@@ -18,8 +18,12 @@ The files, in reading order (each imports only those above it):
   margins.py  the margin schedule: how many periods of each run stay untied, phase by phase (Margins);
   glop.py     GLOP on a SparseLP, its parameters, and the race of two simplex methods (solve_glop, solve_lp);
   phases.py   the solve itself: the three phases, each certified by U - L, the time limit, and the plan
-              (solve; Note [LP tolerance]).
-Only `solve` is this package's interface; the modules' public names are there for tests and benchmarks.
+              (solve; Note [LP tolerance]);
+  goodput.py  the goodput objective on the same compressed LP (solve_goodput; Notes [goodput LP],
+              [goodput certificate]): the stage means that maximise predicted progress per second, which
+              then become the caps of `solve`.
+Only `solve` and `solve_goodput` are this package's interface; the modules' public names are there for
+tests and benchmarks.
 
 Note [periodic compression]
   Runs. For a period q, actions v = (stage, kind, m) and w = (stage, kind, m + q) are "shift-equal" when each
@@ -51,7 +55,9 @@ Note [periodic compression]
   at the first uncertified phase and returns the best tied primal point found so far (of that phase, or of
   the last certified one) as a FEASIBLE plan with its gap, with a warning; with no feasible point at all it
   raises lp.TimeLimitReached.
-  Margins. Phase 1 starts at 2 periods and usually needs no more. Phases 2-3 need more: their optima are
+  Margins. Phase 1 starts at 2 periods and, at even caps, usually needs no more; caps that differ between
+  stages start it where phases 2-3 start (the goodput optimum's caps took it 2 -> 47 periods on 1F1B
+  32 x 512). Phases 2-3 need more: their optima are
   periodic only after the pipeline's fill and before its drain, and in between a stage with slack unfreezes
   a block of about S (stages) of its last steady-state actions (measured: uniform 1F1B 8 x 96 needs 8,
   heterogeneous 32 x 512 needs 32; too small a margin shows as U > L and costs a round). They start at the
@@ -62,6 +68,7 @@ Note [periodic compression]
   phase 3 the total freeze by R2 (1 + 1e-9) + 1e-9, with T1 and R2 the certified optima.
 """
 
+from tfplan.fastlp.goodput import solve_goodput
 from tfplan.fastlp.phases import solve
 
-__all__ = ["solve"]
+__all__ = ["solve", "solve_goodput"]
