@@ -250,7 +250,7 @@ def _certificate(c: Compressed, model: _Model, prog: _Progress, caps: np.ndarray
     prices = model.cap_prices(best["lam"])
     means = np.minimum(np.asarray(best["means"]), caps)
     sizes = np.bincount(c.g.stage[c.g.frz], minlength=len(caps))  # |A_s|
-    for s in np.flatnonzero((means <= 0.0) & (sizes > 0)):  # the highest price that keeps m_s = 0 optimal
+    for s in np.flatnonzero((means <= 1e-9) & (sizes > 0)):  # the highest price that keeps m_s = 0 optimal
         prices[s] = max(prices[s], -prog.w[s] * prog.rel(s, 0.0)[1] / (best["goodput"] * sizes[s]))
     phase = Phase(number=1, caps=means, t_max=t_max)
     dual = tied_dual(c, phase)
