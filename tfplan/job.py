@@ -272,7 +272,7 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
         known = best.makespan if best.pays else None  # phase 1 at exactly these caps
         record = ("goodput", noise, batch, {"lp_solves": best.lp_solves, "dinkelbach_steps": best.dinkelbach_steps,
                                             "wall_s": best.wall_s, "certified": best.certified, "means": best.means,
-                                            "lp_columns": best.lp_columns,
+                                            "lp_columns": best.lp_columns, "compressions": best.compressions,
                                             "bound": best.bound / best.unfrozen_goodput if best.certified else None})
         if time_limit_s is not None:  # the whole solve keeps the limit: the plan's LP gets what is left
             time_limit_s = max(1.0, time_limit_s - best.wall_s)
