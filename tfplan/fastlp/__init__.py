@@ -55,9 +55,9 @@ Note [periodic compression]
   at the first uncertified phase and returns the best tied primal point found so far (of that phase, or of
   the last certified one) as a FEASIBLE plan with its gap, with a warning; with no feasible point at all it
   raises lp.TimeLimitReached.
-  Margins. Phase 1 starts at 2 periods and, at even caps, usually needs no more; caps that differ between
-  stages start it where phases 2-3 start (the goodput optimum's caps took it 2 -> 47 periods on 1F1B
-  32 x 512). Phases 2-3 need more: their optima are
+  Margins. Phase 1 starts at 2 periods and usually needs no more (the goodput optimum's caps are an
+  exception: 2 -> 47 periods on 1F1B 32 x 512, which is why the goodput search hands its certified phase 1
+  over, tfplan.fastlp.goodput). Phases 2-3 need more: their optima are
   periodic only after the pipeline's fill and before its drain, and in between a stage with slack unfreezes
   a block of about S (stages) of its last steady-state actions (measured: uniform 1F1B 8 x 96 needs 8,
   heterogeneous 32 x 512 needs 32; too small a margin shows as U > L and costs a round). They start at the

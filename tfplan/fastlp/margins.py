@@ -20,9 +20,9 @@ class Margins:
     """The margin schedule and the current compression (Note [periodic compression], Margins).
 
     A margin is a pair of (num_runs,) arrays: periods left untied at the head and at the tail of each run.
-    Phase 1 starts at `first` everywhere (a negative `first`: where phases 2-3 start). Phases 2-3 start at
-    the cheaper (fewer untied actions) of `later` everywhere and the time-aligned margins of
-    aligned_margins. A gap grows a margin to 2 m + 1; None stands for "nothing tied" (the full LP).
+    Phase 1 starts at `first` everywhere. Phases 2-3 start at the cheaper (fewer untied actions) of `later`
+    everywhere and the time-aligned margins of aligned_margins. A gap grows a margin to 2 m + 1; None
+    stands for "nothing tied" (the full LP).
     """
 
     def __init__(self, dag: Dag, g: GraphArrays, runs: Runs, first: int, later: int | None,
@@ -35,8 +35,6 @@ class Margins:
             if aligned is not None:
                 self.candidates.append(aligned)
         self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first))
-        if first < 0:  # phase 1 starts where phases 2-3 would
-            self.current = min(self.candidates, key=lambda m: self._untied(m))
         self._compressed: tuple[object, Compressed] | None = None
         self._windows: Windows | None = None
 

@@ -114,7 +114,7 @@ class _Outcome:
 
 
 def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
-          time_limit_s: float | None = None, *, first_margin: int | None = None, margin: int | None = None,
+          time_limit_s: float | None = None, *, first_margin: int = 2, margin: int | None = None,
           makespan: PhaseResult | None = None) -> Solution:
     """Solve the three-phase LP of tfplan.lp exactly, compressing repeating micro-batches.
 
@@ -126,9 +126,8 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
         time_limit_s: seconds for the whole solve, None for none; when reached, the best plan so far comes
             back FEASIBLE with its gap (Note [periodic compression], Time limit).
         first_margin, margin: the margin schedule (Note [periodic compression], Margins): phase 1 starts at
-            first_margin periods (None: 2 when the caps are even, else the margins of phases 2-3), phases 2-3
-            at `margin` (None: the cheaper of the stage count and the time-aligned margins). Tests set them to
-            force the margin to grow.
+            first_margin periods, phases 2-3 at `margin` (None: the cheaper of the stage count and the
+            time-aligned margins). Tests set them to force the margin to grow.
         makespan: phase 1's certified optimum at these caps, found by the caller (the goodput search, Note
             [goodput certificate] in tfplan.fastlp.goodput): phase 1 is not solved again.
 
@@ -153,9 +152,7 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
         # about two simulations' time), so that the solve as a whole keeps its limit.
         reserve = min(0.5 * time_limit_s, 2.0 * (time.perf_counter() - sim_start))
         deadline = Deadline(limit_s=time_limit_s - reserve, start=start)
-    if first_margin is None and np.ptp(cap_arr) > 0.0:  # uneven caps: Note [periodic compression], Margins
-        first_margin = -1
-    margins = Margins(dag, g, Runs.detect(g), 2 if first_margin is None else first_margin, margin, unfrozen.start_ms)
+    margins = Margins(dag, g, Runs.detect(g), first_margin, margin, unfrozen.start_ms)
     build_s = time.perf_counter() - start
     # Note [three-phase LP] (tfplan.lp): each phase bounds the next by the certified optimum.
     phase = Phase(number=1, caps=cap_arr, t_max=unfrozen.makespan_ms)
