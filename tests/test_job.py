@@ -96,9 +96,9 @@ def test_the_time_limit_covers_the_anchored_solve(monkeypatch, caplog) -> None:
     limits = []
     real = job._solve_backend
 
-    def recording(d, caps, target, backend, time_limit_s):
+    def recording(d, caps, target, backend, time_limit_s, makespan=None):
         limits.append(time_limit_s)
-        return real(d, caps, target, backend, time_limit_s)
+        return real(d, caps, target, backend, time_limit_s, makespan)
 
     monkeypatch.setattr(job, "_solve_backend", recording)
     anchored = job.solve_dag(dag, 0.9, time_limit_s=50.0)
