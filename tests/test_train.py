@@ -109,15 +109,41 @@ def test_train_writes_metrics_summary_profile_and_checkpoint(full_run):
     assert abs(variability) < json.loads((out / "summary.json").read_text())["step_time_ms"]
 
 
+POLICIES = ("auto", "random", "prefix")
+V_SCHEDULES = ("1f1b", "zbv", "dualpipev")
+
+
+@pytest.fixture(scope="module")
+def shared_runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
+    """The runs of the two tests below, which test what a run does, not how its processes start: every
+    `tfrun train` command on one pair of rank processes (tests/shared_ranks.py: tfrun's CLI, launcher and
+    worker, with the process start-up paid once; the runs are the ones separate launches make, bit for bit).
+    Each freeze policy on the ratio-0.9 stress plan (40 steps, checkpoints every 10), and each schedule's
+    evaluation (2 steps, unfrozen). Returns (folder, result by policy or schedule)."""
+    torch_or_skip()
+    from tests import shared_ranks
+
+    root = tmp_path_factory.mktemp("shared")
+    stress = _stress_plan(root)
+    commands = {policy: ["train", "--plan", str(stress), "--steps", "40", "--checkpoint-every", "10", "--out",
+                         str(root / policy), "--keep-checkpoints", "0", "--freeze-policy", policy, *FAST]
+                for policy in POLICIES}
+    (root / "eval").mkdir()
+    for schedule in V_SCHEDULES:
+        commands[schedule] = ["train", "--plan", str(_plan(root / "eval", schedule)), "--freeze", "none", "--steps",
+                              "2", "--eval-every", "1", "--out", str(root / "eval" / schedule), *FAST]
+    results = shared_ranks.run([(args, {}) for args in commands.values()], 2, root / "harness")
+    return root, dict(zip(commands, results))
+
+
 @pytest.mark.slow
-def test_every_tensor_learns_between_checkpoints_at_ratio_0_9(tmp_path):
+def test_every_tensor_learns_between_checkpoints_at_ratio_0_9(shared_runs):
     torch = torch_or_skip()
-    stress = _stress_plan(tmp_path)
+    root, results = shared_runs
     summaries, models = {}, {}
-    for policy in ("auto", "random", "prefix"):
-        out = tmp_path / policy
-        proc = _tfrun("train", "--plan", str(stress), "--steps", "40", "--checkpoint-every", "10", "--out", str(out),
-                      "--keep-checkpoints", "0", "--freeze-policy", policy, *FAST)
+    for policy in POLICIES:
+        out = root / policy
+        proc = results[policy]
         assert proc.returncode == 0, proc.stderr
         summaries[policy] = json.loads((out / "summary.json").read_text())
         models[policy] = [{(s, name): t for rank in (0, 1)
@@ -134,7 +160,7 @@ def test_every_tensor_learns_between_checkpoints_at_ratio_0_9(tmp_path):
     assert auto["final_eval_loss"] <= summaries["random"]["final_eval_loss"] * 1.01
     assert auto["longest_update_gap"] < 20 and auto["min_update_share"] > 0
     assert all(r <= p + 1e-9 for r, p in zip(auto["realised_freeze_ratio"], auto["planned_freeze_ratio"]))
-    stats = json.loads((tmp_path / "auto" / "freeze_stats.json").read_text())
+    stats = json.loads((root / "auto" / "freeze_stats.json").read_text())
     assert {(row["stage"], row["name"]) for row in stats["tensors"]} == set(models["auto"][0])
     assert all(row["steps"] == 40 and 0 < row["steps_updated"] <= 40 for row in stats["tensors"])
 
@@ -200,15 +226,14 @@ def test_a_truncated_newest_checkpoint_makes_the_resume_fall_back_with_a_warning
 
 
 @pytest.mark.slow
-def test_v_schedules_evaluate_like_the_others(tmp_path):
+def test_v_schedules_evaluate_like_the_others(shared_runs):
     """Note [forward-only evaluation]: torch's own eval() asserts on ZBV and DualPipeV; ours runs the F
     actions alone, so every schedule reports the same eval losses (the same model; float order aside)."""
-    torch_or_skip()
+    root, results = shared_runs
     evals = {}
-    for schedule in ("1f1b", "zbv", "dualpipev"):
-        out = tmp_path / schedule
-        proc = _tfrun("train", "--plan", str(_plan(tmp_path, schedule)), "--freeze", "none", "--steps", "2",
-                      "--eval-every", "1", "--out", str(out), *FAST)
+    for schedule in V_SCHEDULES:
+        out = root / "eval" / schedule
+        proc = results[schedule]
         assert proc.returncode == 0, proc.stderr[-2000:]
         evals[schedule] = [r["eval_loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
                            if "eval_loss" in r and "event" not in r]
