@@ -1,14 +1,17 @@
-"""Several `tfrun train` commands on one set of rank processes, so that the suite pays process start-up once.
+"""Several `tfrun train` (or `tfplan profile`) commands on one set of rank processes, so that the suite pays
+process start-up once.
 
-    results = shared_ranks.run([(["train", "--plan", plan, "--out", out, ...], {}), ...], ranks=2, work_dir=tmp)
+    results = shared_ranks.run([(["tfrun", "train", "--plan", plan, "--out", out, ...], {}), ...], 2, tmp)
     results[0].returncode, results[0].stdout, results[0].stderr    # as subprocess.run([tfrun, ...]) gives
 
-Each command goes through tfrun's own path: the typer CLI, tfrun.setup and tfrun.launch.launch (which writes
-OUT/run_config.json and, after the job, reads the checkpoints and prints the summary), and every rank runs
-tfrun.worker.main on that run_config.json, as the processes torchrun starts do. Only the process creation is
-replaced: launch's torchrun Popen becomes a message to ranks that are already running in one gloo group
-(spawned once; the group is kept between commands, so run_worker's teardown of it is skipped), with the
-environment launch gives its workers. A real `tfrun train` costs about 10 s of process start-up on 2 cores
+Each command goes through the program's own path: its typer CLI, then (tfrun train) tfrun.setup and
+tfrun.launch.launch, which writes OUT/run_config.json and, after the job, reads the checkpoints and prints the
+summary, or (tfplan profile) tfplan.measured's `python -m tfrun profile`, whose tfrun.profiling calls launch.launch
+for each measuring run; and every rank runs tfrun.worker.main on that run_config.json, as the processes
+torchrun starts do. Only the process creation is replaced: tfplan.measured's subprocess runs tfrun's CLI in
+the launcher's process, and launch's torchrun Popen becomes a message to ranks that are already running in
+one gloo group (spawned once; the group is kept between jobs, so run_worker's teardown of it is skipped),
+with the environment launch gives its workers. A real `tfrun train` costs about 10 s of process start-up on 2 cores
 (the launcher's, torchrun's and every rank's torch import) before its first step.
 
 What this leaves out, the real launch, is tested with real processes in tests/test_train.py (outputs, a
@@ -29,8 +32,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 Command = tuple[list[str], dict[str, str]] | tuple[list[str], dict[str, str], list[tuple[Path, Path]]]
-"""The arguments after `tfrun`, extra environment variables for the command (as env= of subprocess.run) and,
-optionally, files to copy (source, destination) once it has finished: what a later command will change."""
+"""The command line (tfrun or tfplan, then its arguments), extra environment variables for it (as env= of
+subprocess.run) and, optionally, files to copy (source, destination) once it has finished: what a later
+command will change."""
 
 
 def run(commands: list[Command], ranks: int, work_dir: Path) -> list[subprocess.CompletedProcess]:
@@ -43,7 +47,7 @@ def run(commands: list[Command], ranks: int, work_dir: Path) -> list[subprocess.
     results = []
     for i, (argv, *_) in enumerate(commands):
         code = json.loads((work_dir / f"cmd{i}.json").read_text())["returncode"]
-        results.append(subprocess.CompletedProcess(["tfrun", *argv], code, (work_dir / f"cmd{i}.out").read_text(),
+        results.append(subprocess.CompletedProcess(argv, code, (work_dir / f"cmd{i}.out").read_text(),
                                                    (work_dir / f"cmd{i}.err").read_text()))
     return results
 
@@ -111,20 +115,38 @@ def _rank_main(rank: int, world: int, port: int, commands: list[Command], work: 
 
 
 def _launcher(world: int, commands: list[Command], work: Path) -> None:
-    """Rank 0: each command through tfrun's CLI as the launcher process would run it."""
+    """Rank 0: each command through its CLI as the launcher process would run it."""
     import torch.distributed as dist
 
+    import tfplan.cli
+    import tfrun.cli
     from tfrun import launch
-    from tfrun.cli import app
 
-    index = {"i": 0}
+    apps = {"tfrun": tfrun.cli.app, "tfplan": tfplan.cli.app}
+    stdout = {"path": ""}  # where this process's fd 1 points now: the job's ranks print there too
+
+    def call(argv: list[str], out: Path, err: Path) -> int:
+        """`argv` (a program's command line) through its CLI, fds 1 and 2 to these files; its exit code."""
+        saved_argv, saved_stdout = sys.argv, stdout["path"]
+        sys.argv, stdout["path"] = list(argv), str(out)
+        try:
+            with _fds(out, err):
+                try:
+                    apps[argv[0]](argv[1:], prog_name=argv[0])
+                    return 0
+                except SystemExit as exc:
+                    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                except BaseException:  # noqa: BLE001 - reported like a crashed launcher
+                    traceback.print_exc()
+                    return 1
+        finally:
+            sys.argv, stdout["path"] = saved_argv, saved_stdout
 
     class Popen:
         """launch.launch's torchrun: the job's ranks run tfrun.worker.main on CONFIG (the last argument)."""
 
         def __init__(self, cmd: list[str], *, env: dict[str, str], stderr, **_) -> None:
-            out = str(work / f"cmd{index['i']}.out")
-            message = [(cmd[-1], env, out, str(Path(cmd[-1]).parent / "launcher.log"))]
+            message = [(cmd[-1], env, stdout["path"], str(Path(cmd[-1]).parent / "launcher.log"))]
             dist.broadcast_object_list(message, src=0)
             self.pid = -1
             self.returncode = _worker(0, world, *message[0], stderr_fd=stderr.fileno())
@@ -132,29 +154,32 @@ def _launcher(world: int, commands: list[Command], work: Path) -> None:
         def wait(self) -> int:
             return self.returncode
 
+    real_run, nested = subprocess.run, [0]
+
+    def run(cmd, *args, **kwargs):
+        """subprocess.run, except that `python -m tfrun ...` (tfplan profile's measuring job, tfplan.measured)
+        runs in this process, its output captured as text."""
+        if list(cmd[:3]) != [sys.executable, "-m", "tfrun"]:
+            return real_run(cmd, *args, **kwargs)
+        assert kwargs.get("capture_output") and kwargs.get("text"), kwargs
+        nested[0] += 1
+        out, err = (work / f"nested{nested[0]}.{name}" for name in ("out", "err"))
+        code = call(["tfrun", *cmd[3:]], out, err)
+        return subprocess.CompletedProcess(cmd, code, out.read_text(), err.read_text())
+
     launch.subprocess = SimpleNamespace(Popen=Popen)
+    subprocess.run = run
     try:
         for i, (argv, env, *copies) in enumerate(commands):
-            index["i"] = i
-            code = 0
-            saved_argv = sys.argv
-            sys.argv = ["tfrun", *argv]
-            with _environ(env), _fds(work / f"cmd{i}.out", work / f"cmd{i}.err"):
-                try:
-                    app(argv, prog_name="tfrun")
-                except SystemExit as exc:
-                    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                except BaseException:  # noqa: BLE001 - reported like a crashed launcher
-                    traceback.print_exc()
-                    code = 1
-                finally:
-                    sys.argv = saved_argv
+            with _environ(env):
+                code = call(argv, work / f"cmd{i}.out", work / f"cmd{i}.err")
             for source, destination in copies[0] if copies else ():
                 if Path(source).exists():  # else the test reading the copy fails, after this command's own check
                     shutil.copyfile(source, destination)
             (work / f"cmd{i}.json").write_text(json.dumps({"returncode": code}))
     finally:
         launch.subprocess = subprocess
+        subprocess.run = real_run
         dist.broadcast_object_list([None], src=0)
 
 

@@ -156,10 +156,10 @@ def baseline_runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.Complete
     # APF's published threshold (0.05) with EMA 0.99 calls a tensor stable only after many checks (measured from
     # scratch: the median perturbation is 0.74 after 50 steps, 0.35 after 200); 60 steps test the mechanism
     # with a faster average and a looser threshold.
-    commands = [(["train", "--plan", str(plan_path), "--freeze", freeze, "--steps", "60", "--out", str(root / freeze),
-                  "--microbatch-size", "2", "--seq-len", "32", "--quiet", "--eval-every", "30", "--apf-check-every",
-                  "5", "--apf-ema", "0.9", "--apf-threshold", "0.6", "--autofreeze-check-every", "5", "--lr", "1e-3"],
-                 {}) for freeze in BASELINES]
+    commands = [(["tfrun", "train", "--plan", str(plan_path), "--freeze", freeze, "--steps", "60", "--out",
+                  str(root / freeze), "--microbatch-size", "2", "--seq-len", "32", "--quiet", "--eval-every", "30",
+                  "--apf-check-every", "5", "--apf-ema", "0.9", "--apf-threshold", "0.6", "--autofreeze-check-every",
+                  "5", "--lr", "1e-3"], {}) for freeze in BASELINES]
     return root, dict(zip(BASELINES, shared_ranks.run(commands, 2, root / "harness")))
 
 

@@ -19,7 +19,8 @@ SHORT = ["--warmup-steps", "2", "--monitor-steps", "4", "--probe-steps", "2", "-
 
 def _timely(out: Path, *args: str) -> list[str]:
     """The arguments of `tfrun train --freeze timely` on 2 ranks x 4 micro-batches."""
-    return ["train", "--freeze", "timely", "--ranks", "2", "--microbatches", "4", "--out", str(out), *FAST, *args]
+    return ["tfrun", "train", "--freeze", "timely", "--ranks", "2", "--microbatches", "4", "--out", str(out), *FAST,
+            *args]
 
 
 @pytest.fixture(scope="module")

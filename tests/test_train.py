@@ -115,23 +115,26 @@ V_SCHEDULES = ("1f1b", "zbv", "dualpipev")
 
 @pytest.fixture(scope="module")
 def shared_runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
-    """The runs of the two tests below, which test what a run does, not how its processes start: every
-    `tfrun train` command on one pair of rank processes (tests/shared_ranks.py: tfrun's CLI, launcher and
-    worker, with the process start-up paid once; the runs are the ones separate launches make, bit for bit).
-    Each freeze policy on the ratio-0.9 stress plan (40 steps, checkpoints every 10), and each schedule's
-    evaluation (2 steps, unfrozen). Returns (folder, result by policy or schedule)."""
+    """The runs of the tests below that test what a run does, not how its processes start, on one pair of rank
+    processes (tests/shared_ranks.py: through tfrun's CLI, launcher and worker, with the process start-up paid
+    once; a run is the one a separate launch makes, bit for bit where the run is deterministic): each freeze
+    policy on the ratio-0.9 stress plan (40 steps, checkpoints every 10), each schedule's evaluation (2 steps,
+    unfrozen) and `tfplan profile` (its 4 measuring runs). Returns (folder, result by policy, schedule or
+    "profile")."""
     torch_or_skip()
     from tests import shared_ranks
 
     root = tmp_path_factory.mktemp("shared")
     stress = _stress_plan(root)
-    commands = {policy: ["train", "--plan", str(stress), "--steps", "40", "--checkpoint-every", "10", "--out",
-                         str(root / policy), "--keep-checkpoints", "0", "--freeze-policy", policy, *FAST]
+    commands = {policy: ["tfrun", "train", "--plan", str(stress), "--steps", "40", "--checkpoint-every", "10",
+                         "--out", str(root / policy), "--keep-checkpoints", "0", "--freeze-policy", policy, *FAST]
                 for policy in POLICIES}
     (root / "eval").mkdir()
     for schedule in V_SCHEDULES:
-        commands[schedule] = ["train", "--plan", str(_plan(root / "eval", schedule)), "--freeze", "none", "--steps",
-                              "2", "--eval-every", "1", "--out", str(root / "eval" / schedule), *FAST]
+        commands[schedule] = ["tfrun", "train", "--plan", str(_plan(root / "eval", schedule)), "--freeze", "none",
+                              "--steps", "2", "--eval-every", "1", "--out", str(root / "eval" / schedule), *FAST]
+    commands["profile"] = ["tfplan", "profile", "--model", "tiny", "--stages", "2", "--microbatches", "4", "--steps",
+                           "3", "--microbatch-size", "1", "--seq-len", "16", "--output", str(root / "profile.json")]
     results = shared_ranks.run([(args, {}) for args in commands.values()], 2, root / "harness")
     return root, dict(zip(commands, results))
 
@@ -273,16 +276,13 @@ def test_bad_input_gives_one_line_before_any_rank_starts(plan_path, tmp_path):
 
 
 @pytest.mark.slow
-def test_measured_profile_feeds_tfplan_solve(tmp_path):
-    torch_or_skip()
+def test_measured_profile_feeds_tfplan_solve(shared_runs):
     from typer.testing import CliRunner
 
     from tfplan.cli import app
 
-    prof = tmp_path / "profile.json"
-    proc = subprocess.run([sys.executable, "-m", "tfplan", "profile", "--model", "tiny", "--stages", "2",
-                           "--microbatches", "4", "--steps", "3", "--microbatch-size", "1", "--seq-len", "16",
-                           "--output", str(prof)], capture_output=True, text=True, timeout=400)
+    root, results = shared_runs
+    prof, proc = root / "profile.json", results["profile"]
     assert proc.returncode == 0, proc.stderr
     data = json.loads(prof.read_text())
     assert data["source"]["kind"] == "measured" and len(data["stages"]) == 2
