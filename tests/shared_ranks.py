@@ -21,10 +21,10 @@ signal to the launcher, a killed rank, joining an external torchrun) and tests/t
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import traceback
@@ -43,19 +43,13 @@ def run(commands: list[Command], ranks: int, work_dir: Path) -> list[subprocess.
     import torch.multiprocessing as mp
 
     work_dir.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_rank_main, args=(ranks, _free_port(), commands, str(work_dir)), nprocs=ranks, join=True)
+    mp.spawn(_rank_main, args=(ranks, commands, str(work_dir)), nprocs=ranks, join=True)
     results = []
     for i, (argv, *_) in enumerate(commands):
         code = json.loads((work_dir / f"cmd{i}.json").read_text())["returncode"]
         results.append(subprocess.CompletedProcess(argv, code, (work_dir / f"cmd{i}.out").read_text(),
                                                    (work_dir / f"cmd{i}.err").read_text()))
     return results
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -93,13 +87,14 @@ def _environ(env: dict[str, str], *, replace: bool = False):
         os.environ.update(saved)
 
 
-def _rank_main(rank: int, world: int, port: int, commands: list[Command], work: str) -> None:
+def _rank_main(rank: int, world: int, commands: list[Command], work: str) -> None:
     import torch.distributed as dist
 
     from tfrun.worker import COLLECTIVE_TIMEOUT
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    # A file store, not a TCP port chosen in advance that another process may take while the ranks start.
+    dist.init_process_group("gloo", init_method=f"file://{Path(work) / 'store'}", rank=rank, world_size=world,
+                            timeout=COLLECTIVE_TIMEOUT)
     try:
         if rank == 0:
             _launcher(world, commands, Path(work))
@@ -111,7 +106,14 @@ def _rank_main(rank: int, world: int, port: int, commands: list[Command], work: 
                     break
                 _worker(rank, world, *message[0])
     finally:
+        gc.collect()  # as tfrun.worker.run_worker does before its teardown
         dist.destroy_process_group()
+    # Everything is written: leave without the interpreter's finalisation, during which gloo objects can abort
+    # the process ("terminate called without an active exception", SIGABRT: seen here at a rank's exit after
+    # all its jobs had finished; tfrun.worker's note on its gc.collect).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _launcher(world: int, commands: list[Command], work: Path) -> None:

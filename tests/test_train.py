@@ -64,6 +64,15 @@ def full_run(plan_path, tmp_path_factory) -> tuple[Path, subprocess.CompletedPro
     return out, proc
 
 
+def _resume(args: list[str], out: Path, work: Path) -> subprocess.CompletedProcess:
+    """`tfrun train ARGS --resume OUT` on freshly spawned ranks (tests/shared_ranks.py: tfrun's CLI, launcher
+    and worker without torchrun's processes): the tests below test the resume, and make what it resumes from
+    (a signal, a killed rank) with real launches."""
+    from tests import shared_ranks
+
+    return shared_ranks.run([(["tfrun", *args, "--resume", str(out)], {})], 2, work)[0]
+
+
 def _losses(out: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -189,7 +198,7 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_continues_bit
     assert f"stopped after step {step} of 8, checkpoint written; resume with: tfrun train" in stdout
     assert f"--resume {out}" in stdout and "Traceback" not in stderr
     assert _losses(out) == _losses(full_run[0])[:step]
-    resumed = _tfrun(*args, "--resume", str(out))
+    resumed = _resume(args, out, tmp_path / "resume")
     assert resumed.returncode == 0, resumed.stderr
     assert _losses(out) == _losses(full_run[0])  # bitwise: same batches, frozen sets and optimizer state
 
@@ -206,7 +215,7 @@ def test_a_rank_sigkilled_mid_step_ends_the_job_fast_and_the_resume_is_exact(pla
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("error: rank 1 was killed by signal 9"), lines[0]
     assert "last complete checkpoint: step 4 of 8" in lines[0] and f"--resume {out}" in lines[0]
-    resumed = _tfrun(*args, "--resume", str(out))
+    resumed = _resume(args, out, tmp_path / "resume")
     assert resumed.returncode == 0, resumed.stderr
     assert _losses(out) == _losses(full_run[0])
     assert [s for s, _, _ in _noise(out)] == [0, 5] and _noise(out) == _noise(full_run[0])  # resumed from step 4
@@ -219,8 +228,8 @@ def test_a_truncated_newest_checkpoint_makes_the_resume_fall_back_with_a_warning
     rank_file = out / "checkpoints" / "step0000008" / "rank0.pt"
     rank_file.write_bytes(rank_file.read_bytes()[:1000])
     (out / "metrics.jsonl").write_text("")  # the resume rewrites it from the checkpoint it uses
-    proc = _tfrun("train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "2", *FAST,
-                  "--resume", str(out))
+    proc = _resume(["train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "2", *FAST], out,
+                   tmp_path / "resume")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith("warning: checkpoint step 8 is unusable: rank0.pt has 1000 bytes, the index says")
     assert "resuming from step 6" in proc.stderr
