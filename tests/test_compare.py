@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -137,25 +136,38 @@ def test_incomparable_runs_are_refused_unless_forced(tmp_path):
     assert result.exit_code == 1 and "model is 'small'" in result.output
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("freeze", ["apf", "autofreeze", "uniform", "timely+apf"])
-def test_each_baseline_freezes_something_and_trains(tmp_path, freeze):
+BASELINES = ("apf", "autofreeze", "uniform", "timely+apf")
+
+
+@pytest.fixture(scope="module")
+def baseline_runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
+    """One 60-step run per baseline, on one pair of rank processes (tests/shared_ranks.py: tfrun's CLI, launcher
+    and worker, with the process start-up paid once; each run is what a separate launch makes, bit for bit).
+    Returns (folder, result by method)."""
     torch_or_skip()
+    from tests import shared_ranks
     from tfplan import dag, plan, profile, schedules, solver
 
+    root = tmp_path_factory.mktemp("baselines")
     prof = profile.uniform(2, name="unit")
     d = dag.build(schedules.generate("1f1b", 2, 4), prof)
-    plan_path = tmp_path / "plan.json"
+    plan_path = root / "plan.json"
     plan.write(plan.make_plan(d, solver.solve(d, 0.9), [0.9, 0.9], prof), plan_path)
-    out = tmp_path / freeze
     # APF's published threshold (0.05) with EMA 0.99 calls a tensor stable only after many checks (measured from
     # scratch: the median perturbation is 0.74 after 50 steps, 0.35 after 200); 60 steps test the mechanism
     # with a faster average and a looser threshold.
-    cmd = [sys.executable, "-m", "tfrun", "train", "--plan", str(plan_path), "--freeze", freeze, "--steps", "60",
-           "--out", str(out), "--microbatch-size", "2", "--seq-len", "32", "--quiet", "--eval-every", "30",
-           "--apf-check-every", "5", "--apf-ema", "0.9", "--apf-threshold", "0.6", "--autofreeze-check-every", "5",
-           "--lr", "1e-3"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    commands = [(["tfrun", "train", "--plan", str(plan_path), "--freeze", freeze, "--steps", "60", "--out",
+                  str(root / freeze), "--microbatch-size", "2", "--seq-len", "32", "--quiet", "--eval-every", "30",
+                  "--apf-check-every", "5", "--apf-ema", "0.9", "--apf-threshold", "0.6", "--autofreeze-check-every",
+                  "5", "--lr", "1e-3"], {}) for freeze in BASELINES]
+    return root, dict(zip(BASELINES, shared_ranks.run(commands, 2, root / "harness")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("freeze", BASELINES)
+def test_each_baseline_freezes_something_and_trains(baseline_runs, freeze):
+    root, results = baseline_runs
+    out, proc = root / freeze, results[freeze]
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(sum(r["freeze_ratio"]) > 0 for r in rows[30:])  # something is frozen in the second half

@@ -7,13 +7,23 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import torch_or_skip
-from tests.test_train import FAST, _losses, _plan, _tfrun
+from tests.test_train import FAST, _losses, _plan
 
 pytestmark = pytest.mark.slow
+
+
+def _run(args: list[str], work: Path) -> subprocess.CompletedProcess:
+    """`tfrun ARGS` on spawned ranks (tests/shared_ranks.py: tfrun's CLI, launcher and worker without torchrun's
+    processes, whose start-up costs more than these runs; real launches are tested in tests/test_train.py)."""
+    from tests import shared_ranks
+
+    return shared_ranks.run([(["tfrun", *args], {})], 2, work)[0]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +39,8 @@ def setup(tmp_path_factory):
     data = write_jsonl(root / "docs.jsonl", corpus_documents()[:200])
     args = ["train", "--plan", str(_plan(root)), "--model", f"hf:{root / 'ckpt'}", "--lr", "3e-3", *FAST]
     out = root / "runs" / "a"
-    proc = _tfrun(*args, "--tokenizer", str(tok), "--data", str(data), "--steps", "6", "--checkpoint-every", "3",
-                  "--out", str(out))
+    proc = _run([*args, "--tokenizer", str(tok), "--data", str(data), "--steps", "6", "--checkpoint-every", "3",
+                 "--out", str(out)], root / "harness-a")
     assert proc.returncode == 0, proc.stderr
     return root, args, tok, data, out
 
@@ -79,6 +89,7 @@ def test_resume_from_the_cached_stream_as_a_bin_file_continues_the_same_losses(s
     shutil.copytree(out, part)
     shutil.rmtree(part / "checkpoints" / "step0000006")
     (part / "checkpoints" / "latest.json").write_text(json.dumps({"step": 3, "world_size": 2}))
-    proc = _tfrun(*args, "--data", token_file, "--token-dtype", "uint16", "--steps", "6", "--resume", str(part))
+    proc = _run([*args, "--data", token_file, "--token-dtype", "uint16", "--steps", "6", "--resume", str(part)],
+                root / "harness-b")
     assert proc.returncode == 0, proc.stderr
     assert _losses(part) == _losses(out)  # bitwise

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -18,10 +17,41 @@ FAST = ["--microbatch-size", "2", "--seq-len", "32", "--quiet"]
 SHORT = ["--warmup-steps", "2", "--monitor-steps", "4", "--probe-steps", "2", "--ramp-steps", "3"]
 
 
-def _timely(out: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "tfrun", "train", "--freeze", "timely", "--ranks", "2", "--microbatches", "4",
-           "--out", str(out), *FAST, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, **(env or {})))
+def _timely(out: Path, *args: str) -> list[str]:
+    """The arguments of `tfrun train --freeze timely` on 2 ranks x 4 micro-batches."""
+    return ["tfrun", "train", "--freeze", "timely", "--ranks", "2", "--microbatches", "4", "--out", str(out), *FAST,
+            *args]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
+    """Every online run of the slow tests below, in this order, on one pair of rank processes (tests/shared_ranks.py:
+    tfrun's CLI, launcher and worker, with the process start-up paid once; what a run does is what a separate
+    launch does, bit for bit). Returns (folder, result by name); after "resume-10", its plan.json is copied to
+    plan-after-10.json."""
+    torch_or_skip()
+    from tests import shared_ranks
+
+    root = tmp_path_factory.mktemp("online")
+    resume = ["--schedule", "1f1b", *SHORT]
+    r = root / "r"
+    commands = {
+        "timely": (_timely(root / "timely", "--schedule", "1f1b", "--steps", "22", "--replan-window", "5", *SHORT,
+                           "--checkpoint-every", "22"), {}),
+        # At these test sizes (2 x 32 tokens) actions take a few ms and their times move by x2 under load, so
+        # the threshold is x4; the injection makes stage 1's forward about x10 (its mechanism is what is tested).
+        **{name: (_timely(root / name, "--schedule", "1f1b", "--steps", "24", "--replan-window", "5",
+                          "--replan-threshold", "3.0", *SHORT), env)
+           for name, env in (("steady", {}), ("slowed", {"TFRUN_SLOW": "1:14:60"}))},  # stage 1 F +60 ms from 14
+        "zb": (_timely(root / "zb", "--schedule", "interleaved-zb", "--stages-per-rank", "2", "--steps", "14",
+                       *SHORT), {}),
+        "resume-7": (_timely(r, "--steps", "7", *resume, "--checkpoint-every", "1"), {}),  # stops in the probe (6-7)
+        "resume-10": (_timely(r, "--steps", "10", *resume, "--resume", str(r)), {},  # solves at 7, stops in the ramp
+                      [(r / "plan.json", root / "plan-after-10.json")]),
+        "resume-14": (_timely(r, "--steps", "14", *resume, "--resume", str(r)), {}),
+    }
+    results = shared_ranks.run(list(commands.values()), 2, root / "harness")
+    return root, dict(zip(commands, results))
 
 
 def _rows(out: Path) -> list[dict]:
@@ -86,11 +116,9 @@ def test_a_seed_plan_is_applied_after_the_warmup_even_without_a_ramp(tmp_path):
 
 
 @pytest.mark.slow
-def test_timely_runs_every_phase_and_plans_identically_on_every_rank(tmp_path):
+def test_timely_runs_every_phase_and_plans_identically_on_every_rank(runs):
     torch = torch_or_skip()
-    out = tmp_path / "timely"
-    proc = _timely(out, "--schedule", "1f1b", "--steps", "22", "--replan-window", "5", *SHORT,
-                   "--checkpoint-every", "22")
+    out, proc = runs[0] / "timely", runs[1]["timely"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "online TimelyFreeze: warmup 0-1, monitor 2-5, probe 6-7, ramp 8-10, stable from 11" in proc.stdout
     rows = _rows(out)
@@ -129,28 +157,22 @@ def test_timely_runs_every_phase_and_plans_identically_on_every_rank(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_stage_that_slows_down_triggers_a_replan_and_a_steady_one_does_not(tmp_path):
-    torch_or_skip()
-    runs = {}
-    for name, env in (("steady", {}), ("slowed", {"TFRUN_SLOW": "1:14:60"})):  # stage 1 F +60 ms from step 14
-        out = tmp_path / name
-        # At these test sizes (2 x 32 tokens) actions take a few ms and their times move by x2 under load, so
-        # the threshold is x4; the injection makes stage 1's forward about x10 (its mechanism is what is tested).
-        proc = _timely(out, "--schedule", "1f1b", "--steps", "24", "--replan-window", "5", "--replan-threshold",
-                       "3.0", *SHORT, env=env)
+def test_a_stage_that_slows_down_triggers_a_replan_and_a_steady_one_does_not(runs):
+    root, results = runs
+    plans = {}
+    for name in ("steady", "slowed"):  # slowed: stage 1's forward 60 ms longer from step 14 (TFRUN_SLOW)
+        proc = results[name]
         assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[name] = [r for r in _rows(out) if r.get("event") == "plan"]
-    assert [p["reason"] for p in runs["steady"]] == ["first plan"]
-    replans = runs["slowed"][1:]
+        plans[name] = [r for r in _rows(root / name) if r.get("event") == "plan"]
+    assert [p["reason"] for p in plans["steady"]] == ["first plan"]
+    replans = plans["slowed"][1:]
     assert replans and replans[0]["reason"].startswith("drift: stage 1 F")
     assert replans[0]["new_predicted_ms"] > replans[0]["old_predicted_ms"]
 
 
 @pytest.mark.slow
-def test_timely_on_a_zero_bubble_schedule(tmp_path):
-    torch_or_skip()
-    out = tmp_path / "zb"
-    proc = _timely(out, "--schedule", "interleaved-zb", "--stages-per-rank", "2", "--steps", "14", *SHORT)
+def test_timely_on_a_zero_bubble_schedule(runs):
+    out, proc = runs[0] / "zb", runs[1]["zb"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     from tfplan import plan as plan_mod
 
@@ -160,15 +182,13 @@ def test_timely_on_a_zero_bubble_schedule(tmp_path):
 
 
 @pytest.mark.slow
-def test_resumed_in_the_probe_and_in_the_ramp_the_run_keeps_its_measurements_and_plan(tmp_path):
-    torch_or_skip()
-    out = tmp_path / "r"
-    common = ["--schedule", "1f1b", *SHORT, "--checkpoint-every", "1"]
-    assert _timely(out, "--steps", "7", *common).returncode == 0  # stops inside the probe (steps 6-7)
-    proc = _timely(out, "--steps", "10", *common[:-2], "--resume", str(out))  # solves at 7, stops in the ramp
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    first_plan = (out / "plan.json").read_text()
-    proc = _timely(out, "--steps", "14", *common[:-2], "--resume", str(out))
+def test_resumed_in_the_probe_and_in_the_ramp_the_run_keeps_its_measurements_and_plan(runs):
+    root, results = runs
+    out = root / "r"  # 7 steps (checkpoints every step), resumed to 10 steps, resumed to 14
+    assert results["resume-7"].returncode == 0, results["resume-7"].stderr[-3000:]
+    assert results["resume-10"].returncode == 0, results["resume-10"].stderr[-3000:]
+    first_plan = (root / "plan-after-10.json").read_text()
+    proc = results["resume-14"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(out)
     assert [r["step"] for r in rows if "loss" in r] == list(range(14))

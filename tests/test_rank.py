@@ -39,10 +39,13 @@ def _plan(tmp_path: Path) -> Path:
     return path
 
 
+def _args(out: Path, plan: Path, dp: int, mb: int) -> list[str]:
+    return ["train", "--plan", str(plan), "--dp", str(dp), "--microbatch-size", str(mb), "--out", str(out), *FAST]
+
+
 def _train(out: Path, plan: Path, dp: int, mb: int) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "tfrun", "train", "--plan", str(plan), "--dp", str(dp), "--microbatch-size",
-           str(mb), "--out", str(out), *FAST]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    return subprocess.run([sys.executable, "-m", "tfrun", *_args(out, plan, dp, mb)], capture_output=True, text=True,
+                          timeout=400)
 
 
 def _losses(out: Path) -> list[float]:
@@ -105,9 +108,11 @@ def dp2_run(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.mark.slow
 def test_two_replicas_train_like_one_pipeline_with_twice_the_microbatch(dp2_run, tmp_path):
-    plan, two = dp2_run
-    one = tmp_path / "dp1"
-    proc = _train(one, plan, 1, 4)
+    from tests import shared_ranks
+
+    plan, two = dp2_run  # launched for real: dp x ranks processes
+    one = tmp_path / "dp1"  # one plain pipeline, on spawned ranks (tests/shared_ranks.py: no torchrun processes)
+    proc = shared_ranks.run([(["tfrun", *_args(one, plan, 1, 4)], {})], 2, tmp_path / "harness")[0]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _losses(two) == pytest.approx(_losses(one), rel=1e-4)
     summary = json.loads((two / "summary.json").read_text())

@@ -64,6 +64,15 @@ def full_run(plan_path, tmp_path_factory) -> tuple[Path, subprocess.CompletedPro
     return out, proc
 
 
+def _resume(args: list[str], out: Path, work: Path) -> subprocess.CompletedProcess:
+    """`tfrun train ARGS --resume OUT` on freshly spawned ranks (tests/shared_ranks.py: tfrun's CLI, launcher
+    and worker without torchrun's processes): the tests below test the resume, and make what it resumes from
+    (a signal, a killed rank) with real launches."""
+    from tests import shared_ranks
+
+    return shared_ranks.run([(["tfrun", *args, "--resume", str(out)], {})], 2, work)[0]
+
+
 def _losses(out: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -109,15 +118,44 @@ def test_train_writes_metrics_summary_profile_and_checkpoint(full_run):
     assert abs(variability) < json.loads((out / "summary.json").read_text())["step_time_ms"]
 
 
+POLICIES = ("auto", "random", "prefix")
+V_SCHEDULES = ("1f1b", "zbv", "dualpipev")
+
+
+@pytest.fixture(scope="module")
+def shared_runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
+    """The runs of the tests below that test what a run does, not how its processes start, on one pair of rank
+    processes (tests/shared_ranks.py: through tfrun's CLI, launcher and worker, with the process start-up paid
+    once; a run is the one a separate launch makes, bit for bit where the run is deterministic): each freeze
+    policy on the ratio-0.9 stress plan (40 steps, checkpoints every 10), each schedule's evaluation (2 steps,
+    unfrozen) and `tfplan profile` (its 4 measuring runs). Returns (folder, result by policy, schedule or
+    "profile")."""
+    torch_or_skip()
+    from tests import shared_ranks
+
+    root = tmp_path_factory.mktemp("shared")
+    stress = _stress_plan(root)
+    commands = {policy: ["tfrun", "train", "--plan", str(stress), "--steps", "40", "--checkpoint-every", "10",
+                         "--out", str(root / policy), "--keep-checkpoints", "0", "--freeze-policy", policy, *FAST]
+                for policy in POLICIES}
+    (root / "eval").mkdir()
+    for schedule in V_SCHEDULES:
+        commands[schedule] = ["tfrun", "train", "--plan", str(_plan(root / "eval", schedule)), "--freeze", "none",
+                              "--steps", "2", "--eval-every", "1", "--out", str(root / "eval" / schedule), *FAST]
+    commands["profile"] = ["tfplan", "profile", "--model", "tiny", "--stages", "2", "--microbatches", "4", "--steps",
+                           "3", "--microbatch-size", "1", "--seq-len", "16", "--output", str(root / "profile.json")]
+    results = shared_ranks.run([(args, {}) for args in commands.values()], 2, root / "harness")
+    return root, dict(zip(commands, results))
+
+
 @pytest.mark.slow
-def test_every_tensor_learns_between_checkpoints_at_ratio_0_9(tmp_path):
+def test_every_tensor_learns_between_checkpoints_at_ratio_0_9(shared_runs):
     torch = torch_or_skip()
-    stress = _stress_plan(tmp_path)
+    root, results = shared_runs
     summaries, models = {}, {}
-    for policy in ("auto", "random", "prefix"):
-        out = tmp_path / policy
-        proc = _tfrun("train", "--plan", str(stress), "--steps", "40", "--checkpoint-every", "10", "--out", str(out),
-                      "--keep-checkpoints", "0", "--freeze-policy", policy, *FAST)
+    for policy in POLICIES:
+        out = root / policy
+        proc = results[policy]
         assert proc.returncode == 0, proc.stderr
         summaries[policy] = json.loads((out / "summary.json").read_text())
         models[policy] = [{(s, name): t for rank in (0, 1)
@@ -134,7 +172,7 @@ def test_every_tensor_learns_between_checkpoints_at_ratio_0_9(tmp_path):
     assert auto["final_eval_loss"] <= summaries["random"]["final_eval_loss"] * 1.01
     assert auto["longest_update_gap"] < 20 and auto["min_update_share"] > 0
     assert all(r <= p + 1e-9 for r, p in zip(auto["realised_freeze_ratio"], auto["planned_freeze_ratio"]))
-    stats = json.loads((tmp_path / "auto" / "freeze_stats.json").read_text())
+    stats = json.loads((root / "auto" / "freeze_stats.json").read_text())
     assert {(row["stage"], row["name"]) for row in stats["tensors"]} == set(models["auto"][0])
     assert all(row["steps"] == 40 and 0 < row["steps_updated"] <= 40 for row in stats["tensors"])
 
@@ -160,7 +198,7 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_continues_bit
     assert f"stopped after step {step} of 8, checkpoint written; resume with: tfrun train" in stdout
     assert f"--resume {out}" in stdout and "Traceback" not in stderr
     assert _losses(out) == _losses(full_run[0])[:step]
-    resumed = _tfrun(*args, "--resume", str(out))
+    resumed = _resume(args, out, tmp_path / "resume")
     assert resumed.returncode == 0, resumed.stderr
     assert _losses(out) == _losses(full_run[0])  # bitwise: same batches, frozen sets and optimizer state
 
@@ -177,7 +215,7 @@ def test_a_rank_sigkilled_mid_step_ends_the_job_fast_and_the_resume_is_exact(pla
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("error: rank 1 was killed by signal 9"), lines[0]
     assert "last complete checkpoint: step 4 of 8" in lines[0] and f"--resume {out}" in lines[0]
-    resumed = _tfrun(*args, "--resume", str(out))
+    resumed = _resume(args, out, tmp_path / "resume")
     assert resumed.returncode == 0, resumed.stderr
     assert _losses(out) == _losses(full_run[0])
     assert [s for s, _, _ in _noise(out)] == [0, 5] and _noise(out) == _noise(full_run[0])  # resumed from step 4
@@ -190,8 +228,8 @@ def test_a_truncated_newest_checkpoint_makes_the_resume_fall_back_with_a_warning
     rank_file = out / "checkpoints" / "step0000008" / "rank0.pt"
     rank_file.write_bytes(rank_file.read_bytes()[:1000])
     (out / "metrics.jsonl").write_text("")  # the resume rewrites it from the checkpoint it uses
-    proc = _tfrun("train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "2", *FAST,
-                  "--resume", str(out))
+    proc = _resume(["train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "2", *FAST], out,
+                   tmp_path / "resume")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith("warning: checkpoint step 8 is unusable: rank0.pt has 1000 bytes, the index says")
     assert "resuming from step 6" in proc.stderr
@@ -200,15 +238,14 @@ def test_a_truncated_newest_checkpoint_makes_the_resume_fall_back_with_a_warning
 
 
 @pytest.mark.slow
-def test_v_schedules_evaluate_like_the_others(tmp_path):
+def test_v_schedules_evaluate_like_the_others(shared_runs):
     """Note [forward-only evaluation]: torch's own eval() asserts on ZBV and DualPipeV; ours runs the F
     actions alone, so every schedule reports the same eval losses (the same model; float order aside)."""
-    torch_or_skip()
+    root, results = shared_runs
     evals = {}
-    for schedule in ("1f1b", "zbv", "dualpipev"):
-        out = tmp_path / schedule
-        proc = _tfrun("train", "--plan", str(_plan(tmp_path, schedule)), "--freeze", "none", "--steps", "2",
-                      "--eval-every", "1", "--out", str(out), *FAST)
+    for schedule in V_SCHEDULES:
+        out = root / "eval" / schedule
+        proc = results[schedule]
         assert proc.returncode == 0, proc.stderr[-2000:]
         evals[schedule] = [r["eval_loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
                            if "eval_loss" in r and "event" not in r]
@@ -248,16 +285,13 @@ def test_bad_input_gives_one_line_before_any_rank_starts(plan_path, tmp_path):
 
 
 @pytest.mark.slow
-def test_measured_profile_feeds_tfplan_solve(tmp_path):
-    torch_or_skip()
+def test_measured_profile_feeds_tfplan_solve(shared_runs):
     from typer.testing import CliRunner
 
     from tfplan.cli import app
 
-    prof = tmp_path / "profile.json"
-    proc = subprocess.run([sys.executable, "-m", "tfplan", "profile", "--model", "tiny", "--stages", "2",
-                           "--microbatches", "4", "--steps", "3", "--microbatch-size", "1", "--seq-len", "16",
-                           "--output", str(prof)], capture_output=True, text=True, timeout=400)
+    root, results = shared_runs
+    prof, proc = root / "profile.json", results["profile"]
     assert proc.returncode == 0, proc.stderr
     data = json.loads(prof.read_text())
     assert data["source"]["kind"] == "measured" and len(data["stages"]) == 2
