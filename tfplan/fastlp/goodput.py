@@ -173,7 +173,8 @@ def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_toke
     prog = _Progress(noise, batch_tokens, len(caps))
     unfrozen = simulate(dag)
     g = GraphArrays.from_dag(dag)
-    margins = Margins(dag, g, Runs.detect(g), 0 if margin is not None else 2, margin, unfrozen.start_ms)
+    # Phase 1's own first margin plays no part: start(2) takes the larger of it and the margins of phases 2-3.
+    margins = Margins(dag, g, Runs.detect(g), 0, margin, unfrozen.start_ms)
     best = {"lam": 1.0 / unfrozen.batch_time_ms, "means": [0.0] * len(caps), "goodput": 1.0 / unfrozen.batch_time_ms,
             "upper": math.inf, "t_min": simulate(dag, dag.d_min).batch_time_ms, "solves": 0, "steps": 0,
             "finish": unfrozen.makespan_ms}
@@ -249,7 +250,7 @@ def _certificate(c: Compressed, model: _Model, prog: _Progress, caps: np.ndarray
     """G_ub of Note [goodput certificate] (relative progress per ms); inf when the tied dual fails."""
     prices = model.cap_prices(best["lam"])
     means = np.minimum(np.asarray(best["means"]), caps)
-    sizes = np.bincount(c.g.stage[c.g.frz], minlength=len(caps))  # |A_s|
+    sizes = c.stage_size  # |A_s|
     for s in np.flatnonzero((means <= 1e-9) & (sizes > 0)):  # the highest price that keeps m_s = 0 optimal
         prices[s] = max(prices[s], -prog.w[s] * prog.rel(s, 0.0)[1] / (best["goodput"] * sizes[s]))
     phase = Phase(number=1, caps=means, t_max=t_max)
@@ -281,7 +282,7 @@ def _certificate(c: Compressed, model: _Model, prog: _Progress, caps: np.ndarray
         if value <= goodput * (1 + 1e-12):
             return max(goodput, value)
         goodput = value
-    return goodput
+    return math.inf  # not converged: no bound (the last value is only a lower one)
 
 
 class _Model:
@@ -292,8 +293,7 @@ class _Model:
         lp = tied_primal(c, phase)
         num = len(phase.caps)
         stages = c.stage_idx[c.r_stage]  # capped-stage index of each ratio column
-        first_r = len(c.free_nodes) + c.ties.num_runs
-        self.t_col = first_r + len(c.r_nodes)
+        first_r = len(c.free_nodes) + c.ties.num_runs  # tied_primal's columns: t, tau, r, T
         m0, nrow = len(lp.obj), len(lp.row_lo)
         cap_ub = np.zeros(num)
         cap_ub[c.stages] = phase.caps[c.stages]  # a stage without a freeze group keeps m = 0
@@ -310,7 +310,7 @@ class _Model:
         self.solver = load(extended)
         self.columns = len(extended.obj)
         variables = self.solver.variables()
-        self.T = variables[self.t_col]
+        self.T = variables[first_r + len(c.r_nodes)]
         self.m = variables[m0: m0 + num]
         self.phi = variables[m0 + num:]
         constraints = self.solver.constraints()
@@ -350,9 +350,9 @@ class _Model:
             obj.SetCoefficient(phi, -weight)
         obj.SetMinimization()
         # Note [warm goodput LP]: a new lam keeps the basis primal feasible, a new cut dual feasible.
-        kind = "first" if self._lam is None else "lam" if lam != self._lam else "cut"
+        new_lam = self._lam is not None and lam != self._lam
         self._lam = lam
-        self.solver.SetSolverSpecificParametersAsString(PRIMAL_PARAMS if kind == "lam" else WARM_PARAMS)
+        self.solver.SetSolverSpecificParametersAsString(PRIMAL_PARAMS if new_lam else WARM_PARAMS)
         remaining = deadline.remaining()
         if remaining <= 0.0:
             raise TimeLimitReached(f"--time-limit: the goodput solve reached the limit of {deadline.limit_s:g} s")
