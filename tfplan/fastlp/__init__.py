@@ -45,10 +45,11 @@ Note [periodic compression]
   solution, expanded to one value per row of the full LP, is a dual vector y of the full LP, and L = b'y minus
   the positive parts of (A'y - c) times the columns' finite upper bounds is a lower bound on OPT for ANY y
   (bound.py, Note [LP certificate] in tfplan.lp): GLOP's tolerances and the ties can only loosen it.
-  Exactness. A phase is certified (OPTIMAL) when U - L <= GAP_TOL max(1, |U|): the phase reports max(U, L)
-  and its gap U - L, and the last phase's tied primal solution, expanded to every action, is the plan.
-  Otherwise the margin grows (2 margin + 1) and the phase is solved again; once nothing is tied, the tied
-  primal is the full LP and its own row duals give L. Both bounds hold for any choice of ties, so a wrong
+  Exactness. A phase is certified (OPTIMAL) when U - L <= gap_tol max(1, |U|) (tfplan.lp: 1e-9, phase 3
+  1e-8): the phase reports max(U, L) and its gap U - L, and the last phase's tied primal solution, expanded
+  to every action, is the plan. Otherwise the margins grow (2 margin + 1; the primal's and the dual's each
+  on its own, Note [two margins] in margins.py) and the phase is solved again; once nothing is tied, the
+  tied primal is the full LP and its own row duals give L. Both bounds hold for any choice of ties, so a wrong
   guess of the structure costs time, never correctness. The two LPs of a margin are solved in two threads
   (GLOP releases the GIL).
   Time limit. Every GLOP call gets what is left of the solve's time limit. When it runs out, the solve stops

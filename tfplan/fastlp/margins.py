@@ -1,7 +1,21 @@
 """fastlp's margin schedule: how many periods of each run stay untied (Note [periodic compression], Margins).
 
-Part of tfplan.fastlp. Margins holds the schedule of margins and the current compression (tied.Compressed)
+Part of tfplan.fastlp. Margins holds the schedule of margins and the current compressions (tied.Compressed)
 of one solve, and the start-time windows of tfplan.fastlp.bound, built once when first needed.
+
+Note [two margins]
+  Both bounds of a phase hold for any ties, so the tied primal (U) and the tied dual (L) need not share a
+  margin, and they do not need the same one: the plan of a phase can be periodic long before its prices
+  are, or the other way round. On 1F1B 32 x 512 with the random-0 profile (benchmarks/solver_scale.py),
+  phase 2's tied dual reached the optimum at the third margin (16k primal columns) while the tied primal
+  needed the fourth (30k); phase 3's tied dual at that fourth margin then took 65 s of GLOP, at the third
+  18 s, with the same optimum. So each side keeps its own margin: after a gap, a side grows if its value
+  moved at its last growth (or it has none yet), and both grow when neither moved (a plateau of both,
+  which a larger margin may still lift). A phase hands on to the next the smallest dual margin whose bound
+  met its optimum; its primal margin is handed on as before (phase 3 starts from phase 2's basis). A dual
+  handed a smaller margin than the primal's grows alone first, up to the primal's, before the rule above
+  applies: growing the primal too at the first gap cost a round and a primal twice as large on small
+  random instances (1F1B 4 x 32, tests/test_fastlp.py).
 """
 
 from __future__ import annotations
@@ -22,7 +36,8 @@ class Margins:
     A margin is a pair of (num_runs,) arrays: periods left untied at the head and at the tail of each run.
     Phase 1 starts at `first` everywhere. Phases 2-3 start at the cheaper (fewer untied actions) of `later`
     everywhere and the time-aligned margins of aligned_margins. A gap grows a margin to 2 m + 1; None
-    stands for "nothing tied" (the full LP).
+    stands for "nothing tied" (the full LP). `current` is the tied primal's margin, `dual` the tied
+    dual's (Note [two margins]); the dual's is never None (an untied primal certifies itself).
     """
 
     def __init__(self, dag: Dag, g: GraphArrays, runs: Runs, first: int, later: int | None,
@@ -35,7 +50,8 @@ class Margins:
             if aligned is not None:
                 self.candidates.append(aligned)
         self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first))
-        self._compressed: tuple[object, Compressed] | None = None
+        self.dual: tuple[np.ndarray, np.ndarray] = self.current
+        self._compressed: dict[object, Compressed] = {}  # the last two used: the primal's and the dual's
         self._windows: Windows | None = None
 
     def windows(self) -> Windows:
@@ -45,22 +61,43 @@ class Margins:
         return self._windows
 
     def start(self, phase: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The primal's margin for `phase` (also moves the dual's to at least the phase's starting margin)."""
         if phase > 1 and self.current is not None:
             best = min(self.candidates, key=lambda m: self._untied(m))
             self.current = (np.maximum(self.current[0], best[0]), np.maximum(self.current[1], best[1]))
+            self.dual = (np.maximum(self.dual[0], best[0]), np.maximum(self.dual[1], best[1]))
         return self.current
 
     def grow(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
-        grown = (2 * margin[0] + 1, 2 * margin[1] + 1)
-        self.current = grown if self.runs.ties(self.g.n, grown).num_tied else None
+        """The primal's margin grown to 2 m + 1; None once that ties nothing."""
+        self.current = self._grown(margin)
         return self.current
+
+    def grow_dual(self, cap: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
+        """The dual's margin grown to 2 m + 1, at most `cap`; False (unchanged) when that would tie nothing."""
+        grown = self._grown(self.dual)
+        if grown is None:
+            return False
+        self.dual = grown if cap is None else (np.minimum(grown[0], cap[0]), np.minimum(grown[1], cap[1]))
+        return True
+
+    def dual_behind(self, margin: tuple[np.ndarray, np.ndarray]) -> bool:
+        """Whether the dual's margin is below the (tied) primal's `margin` for some run."""
+        return bool(np.any(self.dual[0] < margin[0]) or np.any(self.dual[1] < margin[1]))
 
     def compressed(self, margin: tuple[np.ndarray, np.ndarray] | None) -> Compressed:
         key = None if margin is None else (margin[0].tobytes(), margin[1].tobytes())
-        if self._compressed is None or self._compressed[0] != key:
+        if key not in self._compressed:
             ties = Ties.none(self.g.n) if margin is None else self.runs.ties(self.g.n, margin)
-            self._compressed = (key, Compressed(self.g, ties))
-        return self._compressed[1]
+            while len(self._compressed) >= 2:
+                del self._compressed[next(iter(self._compressed))]
+            self._compressed[key] = Compressed(self.g, ties)
+        self._compressed[key] = self._compressed.pop(key)  # most recently used last
+        return self._compressed[key]
+
+    def _grown(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+        grown = (2 * margin[0] + 1, 2 * margin[1] + 1)
+        return grown if self.runs.ties(self.g.n, grown).num_tied else None
 
     def _untied(self, margin: tuple[np.ndarray, np.ndarray]) -> int:
         return self.g.n - self.runs.ties(self.g.n, margin).num_tied

@@ -31,9 +31,9 @@ Note [LP tolerance]
   run in a race (glop.Race) and the first to finish interrupts the other. Its tied dual uses the dual
   simplex (1.3 against 3.0 s on uniform 1F1B 32 x 512, even elsewhere); the tied duals of phases 1-2 keep the
   primal simplex (the dual simplex was slower there on every instance). Precision is bought only where it is
-  missing: a safe bound L that misses GAP_TOL while GLOP's own dual value meets it is recomputed with
-  start-time windows, then from a dual solved more precisely (_tighter_bound, bound); a gap U - L
-  that misses GAP_TOL by a little (up to SANE_GAP) is re-tried with the tied primal polished by PLAN_PARAMS
+  missing: a safe bound L that misses the gap tolerance (lp.gap_tol) while GLOP's own dual value meets it is
+  recomputed with start-time windows, then from a dual solved more precisely (_tighter_bound, bound); a gap
+  U - L that misses it by a little (up to SANE_GAP) is re-tried with the tied primal polished by PLAN_PARAMS
   (a presolved U once came out 1.4e-9 relative above the optimum); and a plan past T1 (or the target)
   (1 + SIM_TOL) or past phase 3's total-freeze row (the dual simplex with presolve once returned a point 2x
   over R2's allowance) is re-solved more precisely (_plan); the first that fits is kept.
@@ -77,7 +77,6 @@ from tfplan.fastlp.margins import Margins
 from tfplan.fastlp.tied import INF, Compressed, Phase, SparseLP, expand_ratios, phase3_basis, tied_primal
 from tfplan.lp import (
     FEASIBLE,
-    GAP_TOL,
     OPTIMAL,
     PHASE_NAMES,
     Deadline,
@@ -86,6 +85,7 @@ from tfplan.lp import (
     TimeLimitReached,
     check_caps,
     check_time_limit,
+    gap_tol,
     keep_caps,
     makespan_bound,
     total_bound,
@@ -94,7 +94,7 @@ from tfplan.simulate import simulate
 
 log = logging.getLogger(__name__)
 
-SANE_GAP = 1e-6  # a gap U - L above GAP_TOL up to this (relative) is first re-tried with U polished
+SANE_GAP = 1e-6  # a gap U - L above the tolerance up to this (relative) is first re-tried with U polished
 NEG_GAP = 1e-7  # U < L by more than this (relative) means a solve went wrong (L <= U by weak duality): grow
 UNTIE_LIMIT = 20_000  # actions: up to here a plan past the bound is re-solved on the full LP
 SIM_TOL = 1.05e-9  # a plan's simulated makespan above T1 (1 + SIM_TOL) is re-solved (Note [LP tolerance])
@@ -217,10 +217,10 @@ def _lower_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult 
 
 def _tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult, lower: LPResult | None,
                    bound: float, margins: Margins, deadline: Deadline) -> tuple[float, int]:
-    """When GLOP's own dual value meets GAP_TOL but the safe bound does not: the same dual vector with start-time
-    windows (bound.Windows), then, if that is not enough, a more precise dual. Returns the best safe
+    """When GLOP's own dual value meets the gap tolerance but the safe bound does not: the same dual vector with
+    start-time windows (bound.Windows), then, if that is not enough, a more precise dual. Returns the best safe
     bound and the simplex iterations spent."""
-    target = upper.objective - GAP_TOL * max(1.0, abs(upper.objective))
+    target = upper.objective - gap_tol(phase.number) * max(1.0, abs(upper.objective))
     windows = margins.windows()
     bound = max(bound, _lower_bound(c, phase, primal, upper, lower, windows))
     if bound >= target or deadline.expired():
@@ -270,7 +270,8 @@ def _race(primal: SparseLP, exact: bool, deadline: Deadline) -> LPResult | None:
 
 
 def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outcome | None = None) -> _Outcome | None:
-    """Solve one phase: tied primal and tied dual in two threads, growing the margin until U - L <= GAP_TOL.
+    """Solve one phase: tied primal and tied dual in two threads, growing their margins (Note [two margins] in
+    tfplan.fastlp.margins) until U - L <= lp.gap_tol(phase) max(1, |U|).
 
     The phase value carried on is max(U, L): U may be off by GLOP's tolerance, and a value below the true
     optimum would make the next phase infeasible. Out of time (or untied and still short of the bound), the
@@ -282,32 +283,51 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
     best: tuple[LPResult, Compressed, SparseLP] | None = None
     best_lower = -INF
     certified = False
+    # Note [two margins]: which side is solved this round, its last value, whether it moved at its last growth,
+    # and each round's dual margin with its bound (the smallest that meets the optimum is handed on).
+    solve_p = solve_d = True
+    prev_u = prev_l = None
+    moved_u = moved_l = True
+    lower: LPResult | None = None
+    rounds: list[tuple[tuple[np.ndarray, np.ndarray], float]] = []
+    bound = -INF
+    catch_up = margin is not None and margins.dual_behind(margin)  # handed on from the last phase
     with ThreadPoolExecutor(max_workers=3) as pool:
         while not deadline.expired():
-            c = margins.compressed(margin)
-            exact = c.ties.num_tied == 0  # the tied primal is then the full LP
-            primal = tied_primal(c, phase)
-            warm = None  # Note [warm phase 3]; untied, the primal certifies itself with row duals, which it lacks
-            if phase.number == 3 and not exact and before is not None and before.c is c:
-                if before.upper.basis is not None:
-                    warm = phase3_basis(c, before.primal, primal, before.upper.x, before.upper.basis)
-            upper_jobs = _submit_upper(pool, primal, exact, phase.number, deadline, warm)
-            lower = None if exact else solve_lp(tied_dual(c, phase), True, deadline, phase.number == 3)
-            upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
-                        key=lambda r: r.objective)
-            iterations += (upper.iterations if upper else 0) + (lower.iterations if lower else 0)
-            bound = _lower_bound(c, phase, primal, upper, lower)
+            if solve_p:
+                c = margins.compressed(margin)
+                exact = c.ties.num_tied == 0  # the tied primal is then the full LP
+                primal = tied_primal(c, phase)
+                warm = None  # Note [warm phase 3]; untied, the primal certifies itself with row duals, which it lacks
+                if phase.number == 3 and not exact and before is not None and before.c is c:
+                    if before.upper.basis is not None:
+                        warm = phase3_basis(c, before.primal, primal, before.upper.x, before.upper.basis)
+                upper_jobs = _submit_upper(pool, primal, exact, phase.number, deadline, warm)
+            c_dual = c if exact else margins.compressed(margins.dual)
+            if exact:
+                lower = None
+            elif solve_d:
+                lower = solve_lp(tied_dual(c_dual, phase), True, deadline, phase.number == 3)
+                iterations += lower.iterations if lower else 0
+            if solve_p:
+                upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
+                            key=lambda r: r.objective)
+                iterations += upper.iterations if upper else 0
+            if exact or solve_d:
+                bound = _lower_bound(c_dual, phase, primal, upper, lower)
             gap = upper.objective - bound if upper else INF
             scale = max(1.0, abs(upper.objective)) if upper else 1.0
+            tol = gap_tol(phase.number) * scale
             claimed = upper.objective if exact and upper else lower.objective if lower else -INF  # GLOP's own L
             log.debug(
-                "phase %d: U=%s L=%s (GLOP's %s) gap=%.3g (%d of %d actions tied, LP columns %d)", phase.number,
-                upper and upper.objective, bound, claimed, gap, c.ties.num_tied, c.g.n,
-                len(c.free_nodes) + len(c.r_nodes) + c.ties.num_runs,
+                "phase %d: U=%s L=%s (GLOP's %s) gap=%.3g (%d of %d actions tied, LP columns %d; dual's margin %d "
+                "periods in all)", phase.number, upper and upper.objective, bound, claimed, gap, c.ties.num_tied,
+                c.g.n, len(c.free_nodes) + len(c.r_nodes) + c.ties.num_runs,
+                int(margins.dual[0].sum() + margins.dual[1].sum()),
             )
-            tightened = False
+            tightened = not (exact or solve_d)  # an unchanged dual was tightened when it was solved
             for polish in (False, True):
-                if polish and GAP_TOL * scale < gap <= SANE_GAP * scale:  # maybe GLOP's tolerance: polish U
+                if polish and solve_p and tol < gap <= SANE_GAP * scale:  # GLOP's tolerance? polish U
                     polished = solve_lp(primal, not exact, deadline, precise=True, duals=exact,
                                         basis=phase.number == 2)
                     if polished is not None:
@@ -315,15 +335,16 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                         log.debug("phase %d: U polished %s -> %s", phase.number, upper.objective, polished.objective)
                         upper, claimed = polished, polished.objective if exact else claimed
                         gap = upper.objective - bound
-                if upper and not tightened and gap > GAP_TOL * scale and upper.objective - claimed <= GAP_TOL * scale:
+                if upper and not tightened and gap > tol and upper.objective - claimed <= tol:
                     tightened = True  # GLOP's own L meets the tolerance but the safe one does not
-                    bound, spent = _tighter_bound(c, phase, primal, upper, lower, bound, margins, deadline)
+                    bound, spent = _tighter_bound(c_dual, phase, primal, upper, lower, bound, margins, deadline)
                     iterations += spent
                     gap = upper.objective - bound
             if upper is not None and (best is None or upper.objective < best[0].objective):
                 best = (upper, c, primal)
             best_lower = max(best_lower, bound)
-            if -NEG_GAP * scale <= gap <= GAP_TOL * scale:  # far below 0 would be numerical trouble
+            rounds.append((margins.dual, bound))
+            if -NEG_GAP * scale <= gap <= tol:  # far below 0 would be numerical trouble
                 certified = True
                 break
             if exact:
@@ -331,7 +352,22 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                     raise TfplanError(f"LP phase {PHASE_NAMES[phase.number - 1]}: GLOP did not reach OPTIMAL on the "
                                       "full LP")
                 break
-            margin = margins.grow(margin)
+            if solve_p:
+                moved_u = upper is None or prev_u is None or abs(upper.objective - prev_u) > tol
+                prev_u = None if upper is None else upper.objective
+            if solve_d:
+                moved_l = bound == -INF or prev_l is None or abs(bound - prev_l) > tol
+                prev_l = bound
+            catch_up = catch_up and margins.dual_behind(margin)
+            if catch_up:  # a dual handed a smaller margin catches up with the primal's first
+                solve_p, solve_d = False, margins.grow_dual(cap=margin)
+                assert solve_d, "a margin below a tied primal's can grow"
+                continue
+            solve_p, solve_d = moved_u or not moved_l, moved_l or not moved_u
+            if solve_d and not margins.grow_dual():
+                solve_p, solve_d = True, False  # the dual cannot grow further while tied: the primal does
+            if solve_p:
+                margin = margins.grow(margin)
     if best is None:
         return None
     upper, c, primal = best
@@ -339,6 +375,8 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
     gap = None if best_lower == -INF else max(0.0, value - best_lower)
     if certified:
         value = max(value, best_lower)
+        tol = gap_tol(phase.number) * max(1.0, abs(value))
+        margins.dual = next((m for m, b in rounds if value - b <= tol), margins.dual)
     result = PhaseResult(
         name=PHASE_NAMES[phase.number - 1], objective=value, status=OPTIMAL if certified else FEASIBLE,
         iterations=iterations, wall_s=time.perf_counter() - start, gap=gap,
