@@ -75,10 +75,12 @@ class Margins:
 
     def grow_dual(self, cap: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
         """The dual's margin grown to 2 m + 1, at most `cap`; False (unchanged) when that would tie nothing."""
-        grown = self._grown(self.dual)
-        if grown is None:
+        grown = (2 * self.dual[0] + 1, 2 * self.dual[1] + 1)
+        if cap is not None:
+            grown = (np.minimum(grown[0], cap[0]), np.minimum(grown[1], cap[1]))
+        if not self.runs.ties(self.g.n, grown).num_tied:
             return False
-        self.dual = grown if cap is None else (np.minimum(grown[0], cap[0]), np.minimum(grown[1], cap[1]))
+        self.dual = grown
         return True
 
     def dual_behind(self, margin: tuple[np.ndarray, np.ndarray]) -> bool:

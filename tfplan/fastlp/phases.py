@@ -289,6 +289,7 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
     prev_u = prev_l = None
     moved_u = moved_l = True
     lower: LPResult | None = None
+    tightened_dual: LPResult | None = None
     rounds: list[tuple[tuple[np.ndarray, np.ndarray], float]] = []
     bound = -INF
     catch_up = margin is not None and margins.dual_behind(margin)  # handed on from the last phase
@@ -325,7 +326,7 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                 c.g.n, len(c.free_nodes) + len(c.r_nodes) + c.ties.num_runs,
                 int(margins.dual[0].sum() + margins.dual[1].sum()),
             )
-            tightened = not (exact or solve_d)  # an unchanged dual was tightened when it was solved
+            tightened = not exact and lower is tightened_dual  # that dual's bound is as tight as it gets
             for polish in (False, True):
                 if polish and solve_p and tol < gap <= SANE_GAP * scale:  # GLOP's tolerance? polish U
                     polished = solve_lp(primal, not exact, deadline, precise=True, duals=exact,
@@ -336,7 +337,7 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                         upper, claimed = polished, polished.objective if exact else claimed
                         gap = upper.objective - bound
                 if upper and not tightened and gap > tol and upper.objective - claimed <= tol:
-                    tightened = True  # GLOP's own L meets the tolerance but the safe one does not
+                    tightened, tightened_dual = True, lower  # GLOP's own L meets the tolerance, the safe one not
                     bound, spent = _tighter_bound(c_dual, phase, primal, upper, lower, bound, margins, deadline)
                     iterations += spent
                     gap = upper.objective - bound
