@@ -19,7 +19,7 @@ is the one definition; the LP backends, the plan loader and the predictions all 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tfplan.actions import FREEZABLE, Action
 from tfplan.errors import TfplanError
@@ -62,6 +62,10 @@ class Dag:
     rank end plus tail (Note [rank tails])."""
     step_overhead_ms: float = 0.0
     """Per-step time outside the DAG and the tails (from the profile), added to predicted step times."""
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """What freeze_groups and tfplan.simulate derive from the fields above, kept because one job asks for it
+    several times (at a million actions each costs a second). A Dag's fields are not changed after build;
+    dataclasses.replace makes a new Dag with an empty memo."""
 
     @property
     def num_nodes(self) -> int:
@@ -93,11 +97,14 @@ class Dag:
         >>> [[str(dag.actions[v]) for v in g] for g in dag.freeze_groups()]
         [['0B0', '0B1'], ['1B0', '1B1']]
         """
-        groups: list[list[int]] = [[] for _ in range(self.schedule.num_stages)]
-        for v, ok in enumerate(self.freeze_mask()):
-            if ok:
-                groups[self.actions[v].stage].append(v)
-        return groups
+        groups = self.memo.get("freeze_groups")
+        if groups is None:
+            lists: list[list[int]] = [[] for _ in range(self.schedule.num_stages)]
+            for v, ok in enumerate(self.freeze_mask()):
+                if ok:
+                    lists[self.actions[v].stage].append(v)
+            groups = self.memo["freeze_groups"] = tuple(tuple(g) for g in lists)
+        return [list(g) for g in groups]  # the caller's own lists
 
     def finish(self) -> list[tuple[int, float]]:
         """Note [rank tails]: (last node, tail ms) per rank. The step's makespan T satisfies

@@ -90,6 +90,23 @@ def simulate(dag: Dag, durations: Sequence[float] | None = None) -> Simulation:
     dur = dag.d_max if durations is None else durations
     n = dag.num_nodes
     assert len(dur) == n
+    # A job simulates the unfrozen step and its plan more than once (fastlp, the predictions, the view): the
+    # Dag's memo keeps the unfrozen simulation and the last other one, with a copy of its durations.
+    memo = dag.memo
+    if durations is not None and not isinstance(durations, list):
+        durations = list(durations)  # compared with == below
+    if durations is None or durations == dag.d_max:
+        if "unfrozen" not in memo:
+            memo["unfrozen"] = _simulate(dag, dag.d_max)
+        return memo["unfrozen"]
+    last = memo.get("last")
+    if last is None or last[0] != durations:
+        last = memo["last"] = (list(durations), _simulate(dag, durations))
+    return last[1]
+
+
+def _simulate(dag: Dag, dur: Sequence[float]) -> Simulation:
+    n = dag.num_nodes
     start, end = earliest_starts(dag.topo, dag.preds, dag.lags, dur)
     finish = dag.finish() if n else []
     actions_end = max(end) if n else 0.0
