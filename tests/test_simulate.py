@@ -225,3 +225,20 @@ def test_zero_durations() -> None:
     sim = simulate(dag, [0.0] * dag.num_nodes)
     assert sim.makespan_ms == 0.0 and sim.bubble_fraction == 0.0
     assert math.isfinite(sim.bubble_fraction)
+
+
+def test_the_memo_follows_the_durations_not_the_list() -> None:
+    # Dag.memo keeps the unfrozen simulation and the last other one: a caller's list changed in place, or
+    # another Dag from dataclasses.replace, gets its own simulation; freeze_groups hands out fresh lists.
+    dag = dag_mod.build(schedules.generate("1f1b", 4, 8), profile.uniform(4))
+    durations = dag.durations(0.5)
+    first = simulate(dag, durations)
+    assert simulate(dag, list(durations)) is first and simulate(dag) is simulate(dag, list(dag.d_max))
+    durations[:] = dag.d_min
+    assert simulate(dag, durations).makespan_ms == simulate(replace(dag), dag.d_min).makespan_ms
+    assert simulate(dag, durations).makespan_ms < first.makespan_ms
+    assert simulate(dag, dag.durations(0.5)).makespan_ms == first.makespan_ms
+    groups = dag.freeze_groups()
+    groups[0].clear()
+    fresh = dag_mod.build(dag.schedule, profile.uniform(4))
+    assert dag.freeze_groups()[0] and dag.freeze_groups() == fresh.freeze_groups()
