@@ -168,7 +168,8 @@ def test_primal_and_dual_margins_grow_apart(monkeypatch) -> None:
     # full LP's.
     dag = dag_mod.build(schedules.generate("1f1b", 4, 32), _random_profile(4, 6))
     ends, grown = [], []
-    certified, grow, grow_dual = phases._certified, Margins.grow, Margins.grow_dual
+    certified, grow, grow_dual, basis = phases._certified, Margins.grow, Margins.grow_dual, phases.phase3_basis
+    warm = []
 
     def record(phase, margins, *args):
         out = certified(phase, margins, *args)
@@ -178,6 +179,7 @@ def test_primal_and_dual_margins_grow_apart(monkeypatch) -> None:
     monkeypatch.setattr(phases, "_certified", record)
     monkeypatch.setattr(Margins, "grow", lambda self, m: grown.append("primal") or grow(self, m))
     monkeypatch.setattr(Margins, "grow_dual", lambda self, cap=None: grown.append("dual") or grow_dual(self, cap))
+    monkeypatch.setattr(phases, "phase3_basis", lambda *args: warm.append(True) or basis(*args))
     got = fastlp.solve(dag, 0.9, None, margin=1)
     ref = solver.solve(dag, 0.9)
     for mine, theirs, rel in zip(got.phases, ref.phases, (PHASE1_REL, PHASE2_REL, PHASE3_REL)):
@@ -186,6 +188,31 @@ def test_primal_and_dual_margins_grow_apart(monkeypatch) -> None:
     assert d2 < p2  # phase 2's dual certified at a smaller margin than its primal's, and handed it on
     assert p3 == p2 and d3 == p3  # phase 3: the dual caught up alone; the primal kept phase 2's margin
     assert grown == ["dual", "primal", "dual"]  # phase 2 grew both once, phase 3 the dual alone
+    assert warm == [True]  # phase 3's primal started from phase 2's basis (its compression kept while the dual's grew)
+
+
+def test_the_dual_margin_always_ties_something() -> None:
+    # Margins.start: the dual's margin is the per-run maximum of the handed-on one and the phase's start, which
+    # can tie nothing where the primal's still ties; the dual then starts at the primal's. A capped catch-up
+    # never shrinks a run where the dual is ahead.
+    dag = dag_mod.build(schedules.generate("zbv", 4, 16), _random_profile(8, 1))
+    g = GraphArrays.from_dag(dag)
+    runs = Runs.detect(g)
+    fell_back = 0
+    for first in range(0, 6):
+        margins = Margins(dag, g, runs, 0, None, simulate(dag).start_ms)
+        handed = (np.full(runs.num_runs, first), np.full(runs.num_runs, first))
+        margins.dual = handed
+        primal = margins.start(2)
+        if primal is not None:
+            assert runs.ties(g.n, margins.dual).num_tied > 0
+            raw = (np.maximum(handed[0], primal[0]), np.maximum(handed[1], primal[1]))
+            fell_back += runs.ties(g.n, raw).num_tied == 0
+            ahead = (margins.dual[0] + 1, margins.dual[1] + 1)
+            margins.dual = ahead
+            if margins.grow_dual(cap=primal):
+                assert np.all(margins.dual[0] >= ahead[0]) and np.all(margins.dual[1] >= ahead[1])
+    assert fell_back  # the case this guards against occurs here
 
 
 def test_plan_retries_end_with_the_best_plan(monkeypatch, caplog) -> None:

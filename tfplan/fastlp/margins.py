@@ -51,7 +51,7 @@ class Margins:
                 self.candidates.append(aligned)
         self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first))
         self.dual: tuple[np.ndarray, np.ndarray] = self.current
-        self._compressed: dict[object, Compressed] = {}  # the last two used: the primal's and the dual's
+        self._compressed: dict[object, Compressed] = {}  # the primal's (current) and the last other one
         self._windows: Windows | None = None
 
     def windows(self) -> Windows:
@@ -65,7 +65,10 @@ class Margins:
         if phase > 1 and self.current is not None:
             best = min(self.candidates, key=lambda m: self._untied(m))
             self.current = (np.maximum(self.current[0], best[0]), np.maximum(self.current[1], best[1]))
-            self.dual = (np.maximum(self.dual[0], best[0]), np.maximum(self.dual[1], best[1]))
+            dual = (np.maximum(self.dual[0], best[0]), np.maximum(self.dual[1], best[1]))
+            # Per run, that maximum can tie nothing where the primal's still ties something: then the dual
+            # starts at the primal's margin (a tied dual must tie something; Margins docstring).
+            self.dual = dual if self.runs.ties(self.g.n, dual).num_tied else self.current
         return self.current
 
     def grow(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -74,10 +77,12 @@ class Margins:
         return self.current
 
     def grow_dual(self, cap: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
-        """The dual's margin grown to 2 m + 1, at most `cap`; False (unchanged) when that would tie nothing."""
+        """The dual's margin grown to 2 m + 1, at most `cap` where it is below `cap` (never shrunk); False
+        (unchanged) when that would tie nothing."""
         grown = (2 * self.dual[0] + 1, 2 * self.dual[1] + 1)
         if cap is not None:
-            grown = (np.minimum(grown[0], cap[0]), np.minimum(grown[1], cap[1]))
+            grown = (np.maximum(self.dual[0], np.minimum(grown[0], cap[0])),
+                     np.maximum(self.dual[1], np.minimum(grown[1], cap[1])))
         if not self.runs.ties(self.g.n, grown).num_tied:
             return False
         self.dual = grown
@@ -88,13 +93,14 @@ class Margins:
         return bool(np.any(self.dual[0] < margin[0]) or np.any(self.dual[1] < margin[1]))
 
     def compressed(self, margin: tuple[np.ndarray, np.ndarray] | None) -> Compressed:
-        key = None if margin is None else (margin[0].tobytes(), margin[1].tobytes())
+        """The compression at `margin`. The primal's (current) one stays cached while the dual's change: phase 3
+        recognises phase 2's compression by identity to start from its basis (Note [warm phase 3])."""
+        key = _key(margin)
         if key not in self._compressed:
+            keep = _key(self.current)
+            self._compressed = {k: c for k, c in self._compressed.items() if k == keep}
             ties = Ties.none(self.g.n) if margin is None else self.runs.ties(self.g.n, margin)
-            while len(self._compressed) >= 2:
-                del self._compressed[next(iter(self._compressed))]
             self._compressed[key] = Compressed(self.g, ties)
-        self._compressed[key] = self._compressed.pop(key)  # most recently used last
         return self._compressed[key]
 
     def _grown(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -103,6 +109,10 @@ class Margins:
 
     def _untied(self, margin: tuple[np.ndarray, np.ndarray]) -> int:
         return self.g.n - self.runs.ties(self.g.n, margin).num_tied
+
+
+def _key(margin: tuple[np.ndarray, np.ndarray] | None) -> object:
+    return None if margin is None else (margin[0].tobytes(), margin[1].tobytes())
 
 
 def aligned_margins(runs: Runs, start_ms: Sequence[float], slack: int = 2, limit: int = 2000):

@@ -290,6 +290,7 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
     moved_u = moved_l = True
     lower: LPResult | None = None
     tightened_dual: LPResult | None = None
+    polish_tried: LPResult | None = None
     rounds: list[tuple[tuple[np.ndarray, np.ndarray], float]] = []
     bound = -INF
     catch_up = margin is not None and margins.dual_behind(margin)  # handed on from the last phase
@@ -314,8 +315,8 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                 upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
                             key=lambda r: r.objective)
                 iterations += upper.iterations if upper else 0
-            if exact or solve_d:
-                bound = _lower_bound(c_dual, phase, primal, upper, lower)
+            if exact or solve_d:  # any earlier round's bound holds for this phase too
+                bound = max(best_lower, _lower_bound(c_dual, phase, primal, upper, lower))
             gap = upper.objective - bound if upper else INF
             scale = max(1.0, abs(upper.objective)) if upper else 1.0
             tol = gap_tol(phase.number) * scale
@@ -328,10 +329,12 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
             )
             tightened = not exact and lower is tightened_dual  # that dual's bound is as tight as it gets
             for polish in (False, True):
-                if polish and solve_p and tol < gap <= SANE_GAP * scale:  # GLOP's tolerance? polish U
+                if polish and upper is not polish_tried and tol < gap <= SANE_GAP * scale:  # GLOP's tolerance?
+                    polish_tried = upper  # once per U, also in a round that grew only the dual
                     polished = solve_lp(primal, not exact, deadline, precise=True, duals=exact,
                                         basis=phase.number == 2)
                     if polished is not None:
+                        polish_tried = polished
                         iterations += polished.iterations
                         log.debug("phase %d: U polished %s -> %s", phase.number, upper.objective, polished.objective)
                         upper, claimed = polished, polished.objective if exact else claimed
