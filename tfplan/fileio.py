@@ -85,18 +85,32 @@ def json_text(obj: Any, width: int = 110, indent: str = "") -> str:
      "b": {"c": "d"}
     }
     """
-    flat = json.dumps(obj)
-    if not isinstance(obj, (list, dict)) or not obj or len(flat) + len(indent) <= width:
-        return flat
+    return _json_text(obj, width, indent)[1]
+
+
+def _json_text(obj: Any, width: int, indent: str) -> tuple[str, str]:
+    """(json.dumps(obj), json_text(obj)). A container's one-line form is joined from its items' (json.dumps's
+    own separators), not dumped again at every level: a million-action plan's schedule was serialised four
+    times over."""
+    if not isinstance(obj, (list, dict)) or not obj:
+        flat = json.dumps(obj)
+        return flat, flat
     values = obj.values() if isinstance(obj, dict) else obj
     if not any(isinstance(x, (list, dict)) for x in values):
-        return flat
+        flat = json.dumps(obj)
+        return flat, flat
     inner = indent + " "
+    keys = [json.dumps(k) for k in obj] if isinstance(obj, dict) else []
+    items = [_json_text(x, width, inner) for x in values]
     if isinstance(obj, list):
-        items = [inner + json_text(x, width, inner) for x in obj]
-        return "[\n" + ",\n".join(items) + "\n" + indent + "]"
-    items = [f"{inner}{json.dumps(k)}: {json_text(v, width, inner)}" for k, v in obj.items()]
-    return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+        flat = "[" + ", ".join(f for f, _ in items) + "]"
+        readable = "[\n" + ",\n".join(inner + r for _, r in items) + "\n" + indent + "]"
+    else:
+        # json.dumps writes a key that is not a str (an int, say) as a string: then its own one-line form
+        flat = ("{" + ", ".join(f"{k}: {f}" for k, (f, _) in zip(keys, items)) + "}"
+                if all(isinstance(k, str) for k in obj) else json.dumps(obj))
+        readable = "{\n" + ",\n".join(f"{inner}{k}: {r}" for k, (_, r) in zip(keys, items)) + "\n" + indent + "}"
+    return flat, flat if len(flat) + len(indent) <= width else readable
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
