@@ -51,6 +51,7 @@ class Margins:
                 self.candidates.append(aligned)
         self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first))
         self.dual: tuple[np.ndarray, np.ndarray] = self.current
+        self._catch_up = False  # the dual was handed a smaller margin than the primal's (Note [two margins])
         self._compressed: dict[object, Compressed] = {}  # the primal's (current) and the last other one
         self._windows: Windows | None = None
 
@@ -69,7 +70,24 @@ class Margins:
             # Per run, that maximum can tie nothing where the primal's still ties something: then the dual
             # starts at the primal's margin (a tied dual must tie something; Margins docstring).
             self.dual = dual if self.runs.ties(self.g.n, dual).num_tied else self.current
+        self._catch_up = self.current is not None and self._dual_behind(self.current)
         return self.current
+
+    def advance(self, moved_primal: bool, moved_dual: bool) -> tuple[bool, bool]:
+        """After a gap, grow the margins as Note [two margins] says, given whether each side's value moved at its
+        last growth. Returns which sides to solve again (primal, dual); the primal's margin is then `current`."""
+        margin = self.current
+        assert margin is not None, "an untied primal certifies itself"
+        self._catch_up = self._catch_up and self._dual_behind(margin)
+        if self._catch_up:
+            assert self.grow_dual(cap=margin), "a margin below a tied primal's can grow"
+            return False, True
+        primal, dual = moved_primal or not moved_dual, moved_dual or not moved_primal
+        if dual and not self.grow_dual():
+            primal, dual = True, False  # the dual cannot grow further while tied: the primal does
+        if primal:
+            self.grow(margin)
+        return primal, dual
 
     def grow(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
         """The primal's margin grown to 2 m + 1; None once that ties nothing."""
@@ -88,7 +106,7 @@ class Margins:
         self.dual = grown
         return True
 
-    def dual_behind(self, margin: tuple[np.ndarray, np.ndarray]) -> bool:
+    def _dual_behind(self, margin: tuple[np.ndarray, np.ndarray]) -> bool:
         """Whether the dual's margin is below the (tied) primal's `margin` for some run."""
         return bool(np.any(self.dual[0] < margin[0]) or np.any(self.dual[1] < margin[1]))
 

@@ -293,7 +293,6 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
     polish_tried: LPResult | None = None
     rounds: list[tuple[tuple[np.ndarray, np.ndarray], float]] = []
     bound = -INF
-    catch_up = margin is not None and margins.dual_behind(margin)  # handed on from the last phase
     with ThreadPoolExecutor(max_workers=3) as pool:
         while not deadline.expired():
             if solve_p:
@@ -362,16 +361,8 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
             if solve_d:
                 moved_l = bound == -INF or prev_l is None or abs(bound - prev_l) > tol
                 prev_l = bound
-            catch_up = catch_up and margins.dual_behind(margin)
-            if catch_up:  # a dual handed a smaller margin catches up with the primal's first
-                solve_p, solve_d = False, margins.grow_dual(cap=margin)
-                assert solve_d, "a margin below a tied primal's can grow"
-                continue
-            solve_p, solve_d = moved_u or not moved_l, moved_l or not moved_u
-            if solve_d and not margins.grow_dual():
-                solve_p, solve_d = True, False  # the dual cannot grow further while tied: the primal does
-            if solve_p:
-                margin = margins.grow(margin)
+            solve_p, solve_d = margins.advance(moved_u, moved_l)
+            margin = margins.current
     if best is None:
         return None
     upper, c, primal = best
