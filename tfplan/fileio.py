@@ -104,13 +104,15 @@ def _json_text(obj: Any, width: int, indent: str) -> tuple[str, str]:
     items = [_json_text(x, width, inner) for x in values]
     if isinstance(obj, list):
         flat = "[" + ", ".join(f for f, _ in items) + "]"
-        readable = "[\n" + ",\n".join(inner + r for _, r in items) + "\n" + indent + "]"
-    else:
-        # json.dumps writes a key that is not a str (an int, say) as a string: then its own one-line form
-        flat = ("{" + ", ".join(f"{k}: {f}" for k, (f, _) in zip(keys, items)) + "}"
-                if all(isinstance(k, str) for k in obj) else json.dumps(obj))
-        readable = "{\n" + ",\n".join(f"{inner}{k}: {r}" for k, (_, r) in zip(keys, items)) + "\n" + indent + "}"
-    return flat, flat if len(flat) + len(indent) <= width else readable
+    elif all(isinstance(k, str) for k in obj):
+        flat = "{" + ", ".join(f"{k}: {f}" for k, (f, _) in zip(keys, items)) + "}"
+    else:  # json.dumps writes a key that is not a str (an int, say) as a string: its own one-line form
+        flat = json.dumps(obj)
+    if len(flat) + len(indent) <= width:
+        return flat, flat
+    if isinstance(obj, list):
+        return flat, "[\n" + ",\n".join(inner + r for _, r in items) + "\n" + indent + "]"
+    return flat, "{\n" + ",\n".join(f"{inner}{k}: {r}" for k, (_, r) in zip(keys, items)) + "\n" + indent + "}"
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
