@@ -52,6 +52,11 @@ def run(commands: list[Command], ranks: int, work_dir: Path) -> list[subprocess.
     return results
 
 
+def run_one(argv: list[str], work_dir: Path, ranks: int = 2) -> subprocess.CompletedProcess:
+    """One command (tfrun or tfplan, then its arguments) on freshly spawned ranks: run() of a single command."""
+    return run([(argv, {})], ranks, work_dir)[0]
+
+
 @contextlib.contextmanager
 def _fds(stdout: Path, stderr: Path | int):
     """Point file descriptors 1 and 2 at these files (appending; an int is an open descriptor) for a while."""

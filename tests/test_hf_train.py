@@ -23,7 +23,7 @@ def _run(args: list[str], work: Path) -> subprocess.CompletedProcess:
     processes, whose start-up costs more than these runs; real launches are tested in tests/test_train.py)."""
     from tests import shared_ranks
 
-    return shared_ranks.run([(["tfrun", *args], {})], 2, work)[0]
+    return shared_ranks.run_one(["tfrun", *args], work)
 
 
 @pytest.fixture(scope="module")

@@ -112,7 +112,7 @@ def test_two_replicas_train_like_one_pipeline_with_twice_the_microbatch(dp2_run,
 
     plan, two = dp2_run  # launched for real: dp x ranks processes
     one = tmp_path / "dp1"  # one plain pipeline, on spawned ranks (tests/shared_ranks.py: no torchrun processes)
-    proc = shared_ranks.run([(["tfrun", *_args(one, plan, 1, 4)], {})], 2, tmp_path / "harness")[0]
+    proc = shared_ranks.run_one(["tfrun", *_args(one, plan, 1, 4)], tmp_path / "harness")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _losses(two) == pytest.approx(_losses(one), rel=1e-4)
     summary = json.loads((two / "summary.json").read_text())

@@ -70,7 +70,7 @@ def _resume(args: list[str], out: Path, work: Path) -> subprocess.CompletedProce
     (a signal, a killed rank) with real launches."""
     from tests import shared_ranks
 
-    return shared_ranks.run([(["tfrun", *args, "--resume", str(out)], {})], 2, work)[0]
+    return shared_ranks.run_one(["tfrun", *args, "--resume", str(out)], work)
 
 
 def _losses(out: Path) -> list[float]:
