@@ -374,6 +374,45 @@ def test_safe_bound_is_below_the_optimum_and_tight(name: str, p: int, m: int, v:
             assert tight == pytest.approx(opt, rel=2e-9, abs=2e-9)
 
 
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(list(schedules.SCHEDULES)),
+    ranks=st.integers(1, 4),
+    mbs=st.integers(1, 20),
+    seed=st.integers(0, 10_000),
+    p2p=st.sampled_from([0.0, 0.05, 0.3]),
+)
+def test_chain_windows_lie_within_the_longest_path_windows(name, ranks, mbs, seed, p2p) -> None:
+    # bound.Windows.chains bounds each action's earliest start and tail by its rank's chain alone: paths of the
+    # DAG, so never above the longest paths of Windows.build (and any window inside build's keeps L safe).
+    from tfplan.fastlp.bound import Windows
+
+    try:
+        sched = schedules.generate(name, ranks, mbs)
+    except TfplanError:
+        assume(False)
+    g = GraphArrays.from_dag(dag_mod.build(sched, _random_profile(sched.num_stages, seed, p2p)))
+    exact, chains = Windows.build(g), Windows.chains(g)
+    slack = 1e-9 * max(1.0, exact.t_min)  # two summation orders
+    assert np.all(chains.head >= 0.0) and np.all(chains.head <= exact.head + slack)
+    assert np.all(chains.tail <= exact.tail + slack) and chains.t_min <= exact.t_min + slack
+    # Each rank's chain is a path from the step's start to its end: the busiest rank gives t_min.
+    d_min = g.d_max - g.delta
+    busy = np.bincount(g.rank, weights=d_min) + np.bincount(g.rank, weights=g.lags[0])
+    tails = np.zeros(sched.num_ranks)
+    tails[g.rank[g.sinks]] = g.sink_tail
+    assert chains.t_min == pytest.approx(float((busy + tails).max()), rel=1e-12)
+
+
+def test_chain_windows_need_ranks_numbered_in_order() -> None:
+    from tfplan.fastlp.bound import Windows
+
+    g = GraphArrays.from_dag(dag_mod.build(schedules.generate("1f1b", 2, 4), profile.uniform(2)))
+    swapped = g.preds.copy()
+    swapped[0, [1, 2]] = swapped[0, [2, 1]]
+    assert Windows.chains(replace(g, preds=swapped)) is None
+
+
 def test_a_perturbed_dual_still_gives_a_lower_bound() -> None:
     # Weak duality holds for any dual vector: noise (even negative values, clipped) only loosens the bound.
     from tfplan.fastlp.bound import from_tied_dual, safe_lower_bound

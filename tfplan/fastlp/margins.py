@@ -20,7 +20,7 @@ Note [two margins]
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -54,12 +54,19 @@ class Margins:
         self._catch_up = False  # the dual was handed a smaller margin than the primal's (Note [two margins])
         self._compressed: dict[object, Compressed] = {}  # the primal's (current) and the last other one
         self._windows: Windows | None = None
+        self._chains: Windows | bool | None = None  # False: the nodes are not numbered rank by rank
 
-    def windows(self) -> Windows:
-        """The start-time windows of tfplan.fastlp.bound, computed on first use."""
+    def windows(self) -> Iterator[Windows]:
+        """The start-time windows of tfplan.fastlp.bound, tighter ones later, each computed on first use: the
+        ranks' chains (Windows.chains, numpy), then the longest paths (Windows.build, seconds per million
+        actions)."""
+        if self._chains is None:
+            self._chains = Windows.chains(self.g) or False
+        if self._chains:
+            yield self._chains
         if self._windows is None:
             self._windows = Windows.build(self.g)
-        return self._windows
+        yield self._windows
 
     def start(self, phase: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The primal's margin for `phase` (also moves the dual's to at least the phase's starting margin)."""
