@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from tfplan import schedules
 from tfplan.actions import Action, parse_action
@@ -176,3 +178,54 @@ def test_format_grid_marks_and_pads() -> None:
     assert lines[2].split() == ["rank", "1", ">1F0<"]
     # Columns line up: the marks sit around the action, which stays in the same columns as unmarked ones.
     assert lines[1].index("0F0") == lines[2].index("1F0")
+
+
+MUTATIONS = ("swap", "drop", "duplicate", "move rank", "rename stage", "rename mb", "rename kind")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from(list(schedules.SCHEDULES)),
+    p=st.integers(1, 3),
+    m=st.integers(1, 6),
+    edits=st.lists(st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 10_000), st.integers(0, 10_000)),
+                   max_size=2),
+)
+def test_the_fast_checks_accept_exactly_what_the_per_action_checks_accept(name, p, m, edits) -> None:
+    # check_order first runs _owners_if_valid (comprehensions and counts) and walks the actions one by one only
+    # when it fails, to name the first violation: the two must agree on every order, valid or broken.
+    from tfplan.validate import _check_each_action, _owners_if_valid
+
+    try:
+        sched = schedules.generate(name, p, m)
+    except TfplanError:
+        assume(False)
+    order = [list(rank) for rank in sched.order]
+    for edit, i, j in edits:
+        rank = order[i % len(order)]
+        if not rank:
+            continue
+        k, a = j % len(rank), rank[j % len(rank)]
+        if edit == "swap":
+            rank[k], rank[i % len(rank)] = rank[i % len(rank)], rank[k]
+        elif edit == "drop":
+            del rank[k]
+        elif edit == "duplicate":
+            rank.insert(i % (len(rank) + 1), a)
+        elif edit == "move rank":
+            del rank[k]
+            order[j % len(order)].insert(i % (len(order[j % len(order)]) + 1), a)
+        elif edit == "rename stage":
+            rank[k] = Action(i % (sched.num_stages + 1), a.kind, a.mb)
+        elif edit == "rename mb":
+            rank[k] = Action(a.stage, a.kind, i % (m + 1))
+        else:
+            rank[k] = Action(a.stage, "FBIW"[i % 4], a.mb)
+    expected = sched.stage_to_rank if edits and edits[0][1] % 2 else None
+    fast = _owners_if_valid(order, sched.num_stages, m, expected) is not None
+    try:
+        _check_each_action(order, sched.num_stages, m, expected)
+        slow = True
+    except TfplanError:
+        slow = False
+    assert fast == slow

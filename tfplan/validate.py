@@ -15,6 +15,7 @@ from tfplan.actions import Action
 from tfplan.errors import TfplanError
 
 _WINDOW = 10  # steps shown either side of the bad cell in long schedules
+_NEEDS = {"B": "F", "I": "F", "W": "I"}  # the action of the same stage and micro-batch that must come first
 
 
 def format_grid(order: Sequence[Sequence[Action]], mark: tuple[int, int] | None = None) -> str:
@@ -72,6 +73,63 @@ def check_order(
     Raises:
         TfplanError: the first violation found, with the grid and the bad cell marked.
     """
+    owner = _owners_if_valid(order, num_stages, num_microbatches, expected_stage_to_rank)
+    if owner is None:  # something is wrong: the loop below finds the first violation and names it
+        _check_each_action(order, num_stages, num_microbatches, expected_stage_to_rank)
+        raise AssertionError("_owners_if_valid rejected an order that every per-action check accepts")
+    _check_microbatch_order(order, num_stages, owner)
+
+
+def _owners_if_valid(
+    order: Sequence[Sequence[Action]],
+    num_stages: int,
+    num_microbatches: int,
+    expected_stage_to_rank: Sequence[int] | None,
+) -> dict[int, int] | None:
+    """The per-action checks of _check_each_action as set and dict comprehensions (several times faster: a
+    million-action schedule is validated in well under a second): stage -> rank when all of them hold, else None.
+
+    Counting replaces the search for missing actions: with every action in range, none twice and no stage on two
+    ranks, every (stage, micro-batch) has its F when there are S M of them, and one B or one I + W pair when no
+    pair has both B and I, every W follows its I, and |B| + |I| = |W| + |B| = S M.
+    """
+    owner: dict[int, int] = {}
+    kinds = {"F": 0, "B": 0, "I": 0, "W": 0}
+    for rank, actions in enumerate(order):
+        if not actions:
+            return None
+        stages = {a[0] for a in actions}
+        mbs = {a[2] for a in actions}
+        if min(stages) < 0 or max(stages) >= num_stages or min(mbs) < 0 or max(mbs) >= num_microbatches:
+            return None
+        if any(s in owner for s in stages):
+            return None
+        if expected_stage_to_rank is not None and any(expected_stage_to_rank[s] != rank for s in stages):
+            return None
+        owner.update(dict.fromkeys(stages, rank))
+        step = {a: i for i, a in enumerate(actions)}  # Actions hash as their tuples
+        if len(step) != len(actions):
+            return None  # an action twice on one rank (on two ranks, its stage would be on both)
+        get = step.get
+        if any(get((s, _NEEDS[k], m), i) >= i for i, (s, k, m) in enumerate(actions) if k != "F"):
+            return None  # a B or I before its F, a W before its I (or without it)
+        if any((s, "I", m) in step for s, k, m in actions if k == "B"):
+            return None
+        for a in actions:
+            kinds[a[1]] += 1
+    cells = num_stages * num_microbatches
+    if kinds["F"] != cells or kinds["B"] + kinds["I"] != cells or kinds["W"] != kinds["I"]:
+        return None
+    return owner
+
+
+def _check_each_action(
+    order: Sequence[Sequence[Action]],
+    num_stages: int,
+    num_microbatches: int,
+    expected_stage_to_rank: Sequence[int] | None,
+) -> None:
+    """check_order's checks one action at a time, in order: the first violation raises, with its cell marked."""
     where: dict[Action, tuple[int, int]] = {}
     owner: dict[int, int] = {}
     for rank, actions in enumerate(order):
@@ -110,7 +168,6 @@ def check_order(
                 _fail(order, f"stage {s}, micro-batch {m} has no backward ({s}B{m} or {s}I{m} + {s}W{m})")
             if has_i and not has_w:
                 _fail(order, f"stage {s}, micro-batch {m} has {s}I{m} but no {s}W{m}", where[Action(s, "I", m)])
-    _check_microbatch_order(order, num_stages, where, owner)
 
 
 def _check_dependencies(
@@ -136,7 +193,6 @@ def _check_dependencies(
 def _check_microbatch_order(
     order: Sequence[Sequence[Action]],
     num_stages: int,
-    where: dict[Action, tuple[int, int]],
     owner: dict[int, int],
 ) -> None:
     """Adjacent stages on different ranks must send and receive micro-batches in the same order."""
@@ -144,14 +200,17 @@ def _check_microbatch_order(
     bwd: dict[int, list[Action]] = {s: [] for s in range(num_stages)}
     for actions in order:
         for a in actions:
-            if a.kind == "F":
-                fwd[a.stage].append(a)
-            elif a.kind in ("B", "I"):
-                bwd[a.stage].append(a)
+            kind = a[1]  # tuple indexing: cheaper than the attributes, a million times over
+            if kind == "F":
+                fwd[a[0]].append(a)
+            elif kind == "B" or kind == "I":
+                bwd[a[0]].append(a)
     for s in range(num_stages - 1):
         if owner[s] == owner[s + 1]:
             continue  # same rank: handed over locally, no message order to match
         for sender, receiver, what in ((fwd[s], fwd[s + 1], "forward"), (bwd[s + 1], bwd[s], "backward")):
+            if [a[2] for a in sender] == [a[2] for a in receiver]:
+                continue
             for sent, got in zip(sender, receiver, strict=True):
                 if sent.mb != got.mb:
                     _fail(
@@ -159,5 +218,5 @@ def _check_microbatch_order(
                         f"stage {got.stage} receives {what} micro-batch {got.mb} ({got}) while stage "
                         f"{sent.stage} sends micro-batch {sent.mb} ({sent}) at that point: adjacent stages on "
                         f"different ranks must exchange micro-batches in the same order",
-                        where[got],
+                        (owner[got.stage], order[owner[got.stage]].index(got)),
                     )
