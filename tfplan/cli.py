@@ -7,6 +7,7 @@ Examples:
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
@@ -406,8 +407,16 @@ app.command("profile")(profile_cmd)
 app.command("explain")(explain_cmd)
 
 
+GC_THRESHOLD0 = 100_000
+"""Allocations between two young-generation collections (CPython's default is 700). A million-action job
+allocates millions of small tuples and lists that live to its end and form no cycles, and with the default
+the collector walked them over and over: measured on `tfplan solve` of 1F1B 32 x 16384, 1.34 s of collections
+(1543 young, 140 middle, 9 full) against 0.07 s (11 young) at this threshold."""
+
+
 def main() -> None:
     """Console-script entry point."""
+    gc.set_threshold(GC_THRESHOLD0, *gc.get_threshold()[1:])
     app()
 
 

@@ -50,6 +50,27 @@ def _incidence(c: Compressed, sink_var: np.ndarray) -> tuple[np.ndarray, np.ndar
     return mats[0], mats[1]
 
 
+def _distinct_rows(c: Compressed, sink_var: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The kept rows of the tied dual: every untied node's, and a tied node's when no earlier node of its run has
+    the same row. Returns the in- and out-incidence (as _incidence) of the nodes whose t-row is kept, the
+    out-incidence of those whose r-row is kept, and those nodes (keep_r). The same in every phase (the sinks'
+    kappa columns follow the y columns in every dual_layout), so computed once per compression (c.memo): about
+    a second at a million actions, and only the kept rows are held."""
+    key = ("dual rows", int(sink_var[0]) if len(sink_var) else -1)
+    if key not in c.memo:
+        g, ties = c.g, c.ties
+        inc_in, inc_out = _incidence(c, sink_var)
+        tied = ties.rep != np.arange(g.n)
+        cand = np.flatnonzero(tied)
+        sig = np.hstack([ties.run[cand, None], inc_in[cand], inc_out[cand]])
+        keep_t = np.union1d(np.flatnonzero(~tied), cand[_first_distinct(sig)])
+        cand = np.flatnonzero(tied & g.frz)
+        sig = np.hstack([ties.run[cand, None], inc_out[cand]])
+        keep_r = np.union1d(np.flatnonzero(~tied & g.frz), cand[_first_distinct(sig)])
+        c.memo[key] = (inc_in[keep_t], inc_out[keep_t], inc_out[keep_r], keep_r)
+    return c.memo[key]
+
+
 def dual_layout(c: Compressed, phase: Phase) -> dict[str, slice]:
     """The tied dual's columns, by name: y per row group, kappa per sink row, lambda per capped stage, beta per
     ratio column (its r <= 1), theta (T <= t_ub, when bounded), and in phase 3 rho (sum r <= r_ub), sigma per
@@ -74,7 +95,6 @@ def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
     phase 3 mu_s, e_a), identical rows kept once.
     """
     g, ties = c.g, c.ties
-    n = g.n
     nr, ns = len(c.r_nodes), len(c.stages)
     sk = g.sinks
     three = phase.number == 3
@@ -91,27 +111,18 @@ def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
     obj[col["theta"]] = -phase.t_ub
     obj[col["rho"]] = -phase.r_ub
     sink_var = col["kappa"].start + np.arange(len(sk))
-    inc_in, inc_out = _incidence(c, sink_var)
-    tied = ties.rep != np.arange(n)
+    in_t, out_t, out, keep_r = _distinct_rows(c, sink_var)
     ri, ci, val, hi = [], [], [], []
     nrow = 0
     # t-constraints: in-rows minus out-rows (minus kappa at sinks) <= 0; tied nodes kept once per signature.
-    cand = np.flatnonzero(tied)
-    sig = np.hstack([ties.run[cand, None], inc_in[cand], inc_out[cand]])
-    keep_t = np.union1d(np.flatnonzero(~tied), cand[_first_distinct(sig)])
-    for mat, sign in ((inc_in, 1.0), (inc_out, -1.0)):
-        rows, slots = np.nonzero(mat[keep_t] >= 0)
+    for mat, sign in ((in_t, 1.0), (out_t, -1.0)):
+        rows, slots = np.nonzero(mat >= 0)
         ri.append(nrow + rows)
-        ci.append(mat[keep_t][rows, slots])
+        ci.append(mat[rows, slots])
         val.append(np.full(len(rows), sign))
-    hi.append(np.zeros(len(keep_t)))
-    nrow += len(keep_t)
+    hi.append(np.zeros(len(in_t)))
+    nrow += len(in_t)
     # r-constraints: delta (out-rows + kappa) - lambda_s - beta [- rho - sigma_s - p] <= c_r.
-    frz = g.frz
-    cand = np.flatnonzero(tied & frz)
-    sig = np.hstack([ties.run[cand, None], inc_out[cand]])
-    keep_r = np.union1d(np.flatnonzero(~tied & frz), cand[_first_distinct(sig)])
-    out = inc_out[keep_r]
     rows, slots = np.nonzero(out >= 0)
     ri.append(nrow + rows)
     ci.append(out[rows, slots])

@@ -105,6 +105,9 @@ class Compressed:
         self.stage_idx = np.full(self.num_stages, -1)
         self.stage_idx[self.stages] = np.arange(len(self.stages))
         self.weight = self.count[self.r_nodes].astype(np.float64)  # actions per ratio column
+        self.memo: dict[str, object] = {}
+        """What the LPs of every phase derive from this compression alone (tfplan.fastlp.dual: the tied dual's
+        incidence and its distinct rows), kept because phases 2 and 3 (and a dual's later rounds) share it."""
 
 
 def tied_primal(c: Compressed, phase: Phase) -> SparseLP:
