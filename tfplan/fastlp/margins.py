@@ -56,14 +56,19 @@ class Margins:
         self._windows: Windows | None = None
         self._chains: Windows | bool | None = None  # False: the nodes are not numbered rank by rank
 
+    def chain_windows(self) -> Windows | None:
+        """Windows.chains of the graph (None where the nodes are not numbered rank by rank), computed once."""
+        if self._chains is None:
+            self._chains = Windows.chains(self.g) or False
+        return self._chains or None
+
     def windows(self) -> Iterator[Windows]:
         """The start-time windows of tfplan.fastlp.bound, tighter ones later, each computed on first use: the
         ranks' chains (Windows.chains, numpy), then the longest paths (Windows.build, seconds per million
         actions)."""
-        if self._chains is None:
-            self._chains = Windows.chains(self.g) or False
-        if self._chains:
-            yield self._chains
+        chains = self.chain_windows()
+        if chains is not None:
+            yield chains
         if self._windows is None:
             self._windows = Windows.build(self.g)
         yield self._windows
