@@ -363,7 +363,7 @@ def test_safe_bound_is_below_the_optimum_and_tight(name: str, p: int, m: int, v:
 
     sched = schedules.generate(name, p, m, v)
     dag = dag_mod.build(sched, _random_profile(sched.num_stages, seed=17, p2p_ms=0.05))
-    windows = Windows.build(GraphArrays.from_dag(dag))
+    windows = Windows.build(GraphArrays.from_dag(dag), dag)
     for phase, c, opt in _phase_lps(dag, 0.8, sched.num_stages):
         upper, lower = solve_glop(tied_primal(c, phase)), solve_glop(tied_dual(c, phase))
         dual = from_tied_dual(c, phase, lower.x)
@@ -391,8 +391,9 @@ def test_chain_windows_lie_within_the_longest_path_windows(name, ranks, mbs, see
         sched = schedules.generate(name, ranks, mbs)
     except TfplanError:
         assume(False)
-    g = GraphArrays.from_dag(dag_mod.build(sched, _random_profile(sched.num_stages, seed, p2p)))
-    exact, chains = Windows.build(g), Windows.chains(g)
+    dag = dag_mod.build(sched, _random_profile(sched.num_stages, seed, p2p))
+    g = GraphArrays.from_dag(dag)
+    exact, chains = Windows.build(g, dag), Windows.chains(g)
     slack = 1e-9 * max(1.0, exact.t_min)  # two summation orders
     assert np.all(chains.head >= 0.0) and np.all(chains.head <= exact.head + slack)
     assert np.all(chains.tail <= exact.tail + slack) and chains.t_min <= exact.t_min + slack

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tfplan.dag import Dag
 from tfplan.fastlp.dual import dual_layout
 from tfplan.fastlp.graph import GraphArrays
 from tfplan.fastlp.tied import Compressed, Phase, SparseLP
@@ -109,14 +110,15 @@ class Windows:
     """The all-frozen makespan: a lower bound on T (ms)."""
 
     @classmethod
-    def build(cls, g: GraphArrays) -> Windows:
+    def build(cls, g: GraphArrays, dag: Dag) -> Windows:
         """A forward and a backward pass over the DAG's three predecessor slots in topological order, as
-        tfplan.simulate does (pure Python, about 3 s per million actions on a busy 2-core machine)."""
+        tfplan.simulate does (pure Python, about 3 s per million actions on a busy 2-core machine). `dag` is
+        g's Dag: its own lists, since converting g's arrays to lists took 250 MB more at a million actions."""
         n = g.n
-        d_min = (g.d_max - g.delta).tolist()
-        p0, p1, p2 = (p.tolist() for p in g.preds)
-        l0, l1, l2 = (x.tolist() for x in g.lags)
-        topo = g.topo.tolist()
+        d_min = (g.d_max - g.delta).tolist()  # d_max outside the freeze groups, as the LP has it
+        p0, p1, p2 = dag.preds
+        l0, l1, l2 = dag.lags
+        topo = dag.topo
         head, _ = earliest_starts(topo, (p0, p1, p2), (l0, l1, l2), d_min)
         after = [0.0] * (n + 1)  # longest path from an action's end to the end; after[-1] is scratch
         for u, tail in zip(g.sinks.tolist(), g.sink_tail.tolist()):

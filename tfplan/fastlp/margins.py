@@ -42,7 +42,7 @@ class Margins:
 
     def __init__(self, dag: Dag, g: GraphArrays, runs: Runs, first: int, later: int | None,
                  start_ms: Sequence[float]) -> None:
-        self.g, self.runs = g, runs
+        self.dag, self.g, self.runs = dag, g, runs
         k = runs.num_runs
         self.candidates = [(np.full(k, max(2, dag.schedule.num_stages) if later is None else later),) * 2]
         if later is None:
@@ -70,7 +70,7 @@ class Margins:
         if chains is not None:
             yield chains
         if self._windows is None:
-            self._windows = Windows.build(self.g)
+            self._windows = Windows.build(self.g, self.dag)
         yield self._windows
 
     def start(self, phase: int) -> tuple[np.ndarray, np.ndarray] | None:
