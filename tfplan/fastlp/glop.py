@@ -9,6 +9,7 @@ GLOP with a ModelProto filled column by column.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from dataclasses import dataclass
@@ -76,6 +77,28 @@ class Race:
                 solver.InterruptSolve()
 
 
+def _heap_trimmer():
+    """glibc's malloc_trim, or None on a C library without it."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _heap_trimmer()
+
+
+def release_freed_memory() -> None:
+    """Hand the heap memory freed so far back to the OS (glibc's malloc_trim, about 0.1 ms; nothing elsewhere).
+
+    GLOP runs in several threads, each with its own malloc arena, and glibc keeps what they free; so does its
+    main heap with the large numpy arrays freed after its mmap threshold rose. Measured on `tfplan solve` of
+    random-0 1F1B 32 x 16384: the process held 1379 MiB when the solve returned and 767 MiB after one trim; with
+    a trim after each GLOP solve and one after the solve, its peak fell from 1491 to 1272 MiB."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
 def solve_glop(lp: SparseLP, params: str = "", time_limit_s: float | None = None,
                duals: bool = False, race: Race | None = None, basis: bool = False) -> LPResult | None:
     """Solve with GLOP through pywraplp (as tfplan.solver); None unless OPTIMAL (or out of time, or lost a race).
@@ -84,6 +107,13 @@ def solve_glop(lp: SparseLP, params: str = "", time_limit_s: float | None = None
     limit (None = none); duals: also return the row duals; race: the Race this solve runs in; basis: also return
     the optimal basis (LPResult.basis).
     """
+    result = _solve_glop(lp, params, time_limit_s, duals, race, basis)
+    release_freed_memory()  # the model is gone by now
+    return result
+
+
+def _solve_glop(lp: SparseLP, params: str, time_limit_s: float | None, duals: bool, race: Race | None,
+                basis: bool) -> LPResult | None:
     start = time.perf_counter()
     solver = load(lp)
     if params:
@@ -138,6 +168,13 @@ def solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str,
 
     GLOP uses a starting basis only without presolve, so `params` should say use_preprocessing: false.
     """
+    result = _solve_warm(lp, basis, params, time_limit_s)
+    release_freed_memory()
+    return result
+
+
+def _solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str,
+                time_limit_s: float | None) -> LPResult | None:
     start = time.perf_counter()
     ri, ci, val = _coalesce(lp.ri, lp.ci, lp.val)
     order = np.lexsort((ci, ri))  # math_opt wants the matrix in row-major order

@@ -28,12 +28,15 @@ Note [LP tolerance]
   (the deviation objective of Note [three-phase LP]) has no steady winner: its tied primal took (seconds,
   primal simplex / dual simplex) 2.2 / 9.9 on uniform 1F1B 32 x 512, 2.3 / 0.9 heterogeneous, 2.2 / 1.0 on
   ZBV 16 x 256 and 93 / 22 on heterogeneous interleaved 1F1B 16 x 256 (a shared 2-core machine), so both
-  run in a race (glop.Race) and the first to finish interrupts the other. Its tied dual uses the dual
-  simplex (1.3 against 3.0 s on uniform 1F1B 32 x 512, even elsewhere); the tied duals of phases 1-2 keep the
-  primal simplex (the dual simplex was slower there on every instance). Precision is bought only where it is
-  missing: every safe bound L uses the cheap start-time windows of each rank's chain; one that misses the gap
-  tolerance (lp.gap_tol) while GLOP's own dual value comes within SANE_GAP of U is recomputed with the
-  longest-path windows, then from a dual solved again, more precisely or by the other simplex
+  run in a race (glop.Race) and the first to finish interrupts the other. So does its tied dual: the dual
+  simplex took 1.2 against 2.7 s on uniform 1F1B 32 x 512 and 1.3 against 6.2 s on 32 x 16384, but 12.6
+  against 8.4 s on the random-0 profile's 32 x 16384, where only the primal simplex's dual also gave a safe
+  bound within the gap tolerance (the whole solve: 46 s before the race, 31 s with it); the tied duals of
+  phases 1-2 keep the primal simplex (the dual simplex was slower there on every instance). Precision is
+  bought only where it is missing: every safe bound L uses the cheap start-time windows of each rank's
+  chain; one that misses the gap tolerance (lp.gap_tol) while GLOP's own dual value comes within SANE_GAP of
+  U is recomputed with the longest-path windows, then from a dual solved again, more precisely or by the
+  other simplex
   (_tighter_bound, bound: at a million actions GLOP's own dual value is no better than 3e-8); a gap
   U - L that misses it by a little (up to SANE_GAP) is re-tried with the tied primal polished by PLAN_PARAMS
   (a presolved U once came out 1.4e-9 relative above the optimum); and a plan past T1 (or the target)
@@ -70,6 +73,7 @@ from tfplan.fastlp.glop import (
     RETRY_PARAMS,
     LPResult,
     Race,
+    release_freed_memory,
     solve_glop,
     solve_lp,
     solve_warm,
@@ -190,6 +194,8 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
         log.warning("fastlp: %s; the plan is feasible but not certified optimal: %s", why, gaps)
     target = target_makespan_ms if last.phase.number > 1 else None
     ratios = keep_caps(dag, _plan(dag, g, last, best, target, deadline).tolist(), cap_arr.tolist(), "fastlp")
+    del g, margins, outcomes, last  # the compressions and LPs: hundreds of MB at a million actions
+    release_freed_memory()
     return Solution(
         ratios=ratios,
         durations=dag.durations(ratios),
@@ -266,12 +272,13 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
     return [pool.submit(solve_lp, primal, not exact, deadline, number == 2, duals=exact, basis=number == 2)]
 
 
-def _race(primal: SparseLP, exact: bool, deadline: Deadline) -> LPResult | None:
-    """Phase 3's tied primal by the primal and the dual simplex at once: the first result interrupts the other."""
+def _race(lp: SparseLP, exact: bool, deadline: Deadline) -> LPResult | None:
+    """Phase 3's tied primal (or tied dual) by the primal and the dual simplex at once: the first result
+    interrupts the other."""
     race = Race()
     with ThreadPoolExecutor(max_workers=1) as other:
         def job(dual_simplex: bool) -> LPResult | None:
-            result = solve_lp(primal, not exact, deadline, dual_simplex, duals=exact, race=race)
+            result = solve_lp(lp, not exact, deadline, dual_simplex, duals=exact, race=race)
             if result is not None:
                 race.finish()
             return result
@@ -319,8 +326,10 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
             c_dual = c if exact else margins.compressed(margins.dual)
             if exact:
                 lower = None
+            elif solve_d and phase.number == 3:  # Note [LP tolerance]: no steady winner, as for its primal
+                lower = _race(tied_dual(c_dual, phase), False, deadline)
             elif solve_d:
-                lower = solve_lp(tied_dual(c_dual, phase), True, deadline, phase.number == 3)
+                lower = solve_lp(tied_dual(c_dual, phase), True, deadline)
                 iterations += lower.iterations if lower else 0
             if solve_p:
                 upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
