@@ -36,9 +36,8 @@ Note [LP tolerance]
   bought only where it is missing: every safe bound L uses the cheap start-time windows of each rank's
   chain; one that misses the gap tolerance (lp.gap_tol) while GLOP's own dual value comes within SANE_GAP of
   U is recomputed with the longest-path windows, then from a dual solved again, more precisely or by the
-  other simplex
-  (_tighter_bound, bound: at a million actions GLOP's own dual value is no better than 3e-8); a gap
-  U - L that misses it by a little (up to SANE_GAP) is re-tried with the tied primal polished by PLAN_PARAMS
+  other simplex (_tighter_bound, bound: at a million actions GLOP's own dual value is no better than 3e-8);
+  a gap U - L that misses it by a little (up to SANE_GAP) is re-tried with the tied primal polished by PLAN_PARAMS
   (a presolved U once came out 1.4e-9 relative above the optimum); and a plan past T1 (or the target)
   (1 + SIM_TOL) or past phase 3's total-freeze row (the dual simplex with presolve once returned a point 2x
   over R2's allowance) is re-solved more precisely (_plan); the first that fits is kept.
