@@ -414,6 +414,22 @@ def test_chain_windows_need_ranks_numbered_in_order() -> None:
     assert Windows.chains(replace(g, preds=swapped)) is None
 
 
+def test_the_tied_dual_is_the_same_from_a_compression_used_before() -> None:
+    # tfplan.fastlp.dual keeps the kept rows of a compression in Compressed.memo for every later phase: each
+    # phase's tied dual equals the one built from a fresh compression, in every order the phases ask for them.
+    sched = schedules.generate("zbv", 2, 33, 2)
+    dag = dag_mod.build(sched, _random_profile(sched.num_stages, seed=3, p2p_ms=0.07))
+    phases_ = [phase for phase, _, _ in _phase_lps(dag, 0.8, 2)]
+    g = GraphArrays.from_dag(dag)
+    ties = Runs.detect(g).ties(g.n, (2, 2))
+    shared = Compressed(g, ties)
+    for phase in phases_ + phases_[::-1]:
+        got, fresh = tied_dual(shared, phase), tied_dual(Compressed(g, ties), phase)
+        for field in ("obj", "lb", "ub", "ri", "ci", "val", "row_lo", "row_hi"):
+            assert np.array_equal(getattr(got, field), getattr(fresh, field)), field
+    assert len(shared.memo) == 1
+
+
 def test_a_perturbed_dual_still_gives_a_lower_bound() -> None:
     # Weak duality holds for any dual vector: noise (even negative values, clipped) only loosens the bound.
     from tfplan.fastlp.bound import from_tied_dual, safe_lower_bound
