@@ -299,25 +299,29 @@ CAP_CHOICES = [0.0, 0.25, 0.5, 0.75, 0.9, 1.0]
 EXAMPLES = int(os.environ.get("FASTLP_EXAMPLES", "40"))
 
 
-# FASTLP_EXAMPLES=2000 for a longer hunt (the default keeps the file under a minute).
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    name=st.sampled_from(list(schedules.SCHEDULES)),
-    ranks=st.integers(1, 3),
-    mbs=st.integers(1, 26),
-    seed=st.integers(0, 10_000),
-    p2p=st.sampled_from([0.0, 0.05, 0.3]),
-    caps=st.one_of(st.sampled_from(CAP_CHOICES), st.lists(st.sampled_from(CAP_CHOICES), min_size=6, max_size=6)),
-)
-def test_agrees_with_glop_on_random_instances(name, ranks, mbs, seed, p2p, caps) -> None:
+@st.composite
+def random_dags(draw, max_ranks: int, max_mbs: int) -> dag_mod.Dag:
+    """Any of the seven schedules (where its arguments fit) on a _random_profile with a point-to-point lag."""
+    name, ranks, mbs = (draw(st.sampled_from(list(schedules.SCHEDULES))), draw(st.integers(1, max_ranks)),
+                        draw(st.integers(1, max_mbs)))
     try:
         sched = schedules.generate(name, ranks, mbs)
     except TfplanError:
         assume(False)
+    seed, p2p = draw(st.integers(0, 10_000)), draw(st.sampled_from([0.0, 0.05, 0.3]))
+    return dag_mod.build(sched, _random_profile(sched.num_stages, seed, p2p))
+
+
+# FASTLP_EXAMPLES=2000 for a longer hunt (the default keeps the file under a minute).
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    dag=random_dags(max_ranks=3, max_mbs=26),
+    caps=st.one_of(st.sampled_from(CAP_CHOICES), st.lists(st.sampled_from(CAP_CHOICES), min_size=6, max_size=6)),
+)
+def test_agrees_with_glop_on_random_instances(dag, caps) -> None:
     if isinstance(caps, list):
-        caps = caps[: sched.num_stages]
-        assume(len(caps) == sched.num_stages)
-    dag = dag_mod.build(sched, _random_profile(sched.num_stages, seed, p2p))
+        caps = caps[: dag.schedule.num_stages]
+        assume(len(caps) == dag.schedule.num_stages)
     _assert_agrees(dag, caps)
 
 
@@ -375,23 +379,12 @@ def test_safe_bound_is_below_the_optimum_and_tight(name: str, p: int, m: int, v:
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    name=st.sampled_from(list(schedules.SCHEDULES)),
-    ranks=st.integers(1, 4),
-    mbs=st.integers(1, 20),
-    seed=st.integers(0, 10_000),
-    p2p=st.sampled_from([0.0, 0.05, 0.3]),
-)
-def test_chain_windows_lie_within_the_longest_path_windows(name, ranks, mbs, seed, p2p) -> None:
+@given(dag=random_dags(max_ranks=4, max_mbs=20))
+def test_chain_windows_lie_within_the_longest_path_windows(dag) -> None:
     # bound.Windows.chains bounds each action's earliest start and tail by its rank's chain alone: paths of the
     # DAG, so never above the longest paths of Windows.build (and any window inside build's keeps L safe).
     from tfplan.fastlp.bound import Windows
 
-    try:
-        sched = schedules.generate(name, ranks, mbs)
-    except TfplanError:
-        assume(False)
-    dag = dag_mod.build(sched, _random_profile(sched.num_stages, seed, p2p))
     g = GraphArrays.from_dag(dag)
     exact, chains = Windows.build(g, dag), Windows.chains(g)
     slack = 1e-9 * max(1.0, exact.t_min)  # two summation orders
@@ -400,7 +393,7 @@ def test_chain_windows_lie_within_the_longest_path_windows(name, ranks, mbs, see
     # Each rank's chain is a path from the step's start to its end: the busiest rank gives t_min.
     d_min = g.d_max - g.delta
     busy = np.bincount(g.rank, weights=d_min) + np.bincount(g.rank, weights=g.lags[0])
-    tails = np.zeros(sched.num_ranks)
+    tails = np.zeros(dag.schedule.num_ranks)
     tails[g.rank[g.sinks]] = g.sink_tail
     assert chains.t_min == pytest.approx(float((busy + tails).max()), rel=1e-12)
 
