@@ -24,9 +24,9 @@ bounds on the columns. Every feasible point has t_v >= head_v (earliest start wi
 t_v + tail_v <= T <= t_max (tail_v: longest d_min path from v's start to the end), and T >= the all-frozen
 makespan (Windows). An imbalance then costs its window, t_max minus the all-frozen makespan at most (40 ms
 against 2,530 there: the bound came within 3e-8 of GLOP's dual value), and a surplus earns its head.
-fastlp computes windows only when the plain bound misses the gap tolerance, and cheap ones first: each rank's
-chain of actions alone (Windows.chains, numpy; measured on uniform 1F1B 32 x 16384, it certified phase 3
-where build's 3 s pass had been needed), then the longest paths (Windows.build, about 3 s per million actions).
+fastlp uses cheap windows in every bound: each rank's chain of actions alone (Windows.chains, numpy; measured
+on uniform 1F1B 32 x 16384, they certified phase 3 where build's 3 s pass had been needed), and the longest
+paths (Windows.build, about 3 s per million actions) only when a bound still misses the gap tolerance.
 """
 
 from __future__ import annotations

@@ -325,10 +325,9 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
             c_dual = c if exact else margins.compressed(margins.dual)
             if exact:
                 lower = None
-            elif solve_d and phase.number == 3:  # Note [LP tolerance]: no steady winner, as for its primal
-                lower = _race(tied_dual(c_dual, phase), False, deadline)
-            elif solve_d:
-                lower = solve_lp(tied_dual(c_dual, phase), True, deadline)
+            elif solve_d:  # phase 3: both simplexes race, as for its primal (Note [LP tolerance])
+                dual_lp = tied_dual(c_dual, phase)
+                lower = _race(dual_lp, False, deadline) if phase.number == 3 else solve_lp(dual_lp, True, deadline)
                 iterations += lower.iterations if lower else 0
             if solve_p:
                 upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
