@@ -125,6 +125,7 @@ def test_makespan_bounds_and_critical_path(seed: int) -> None:
     for r, d in zip(dag.rank, dur):
         busy[r] += d
     assert sim.busy_ms == pytest.approx(busy, rel=1e-12, abs=1e-12)
+    assert sim.actions_end_ms == max(sim.end_ms, default=0.0)  # found among the ranks' last actions
     for b in sim.busy_ms:
         assert sim.makespan_ms >= b - 1e-9
     assert sim.idle_ms == pytest.approx([sim.makespan_ms - b for b in busy], abs=1e-9)

@@ -122,15 +122,27 @@ class Dag:
         >>> [(str(dag.actions[v]), tail) for v, tail in dag.finish()]
         [('0B1', 0.5), ('1B1', 0.5)]
         """
-        last: dict[int, int] = {}
-        at = 0
-        for r, actions in enumerate(self.schedule.order):  # nodes are numbered rank by rank in execution order
+        rows = self.memo.get("finish")
+        if rows is None:
+            last = {r: hi - 1 for r, (lo, hi) in enumerate(self.rank_bounds()) if hi > lo}
+            tails = self.tail_ms or (0.0,) * self.schedule.num_ranks
+            has_succ = set().union(*self.preds)  # C-level, and once per Dag (a tenth of a second per million)
+            rows = self.memo["finish"] = tuple((last[r], tails[r]) for r in sorted(last)
+                                               if tails[r] > 0 or last[r] not in has_succ)
+        return list(rows)
+
+    def rank_bounds(self) -> list[tuple[int, int]]:
+        """Per rank: the node range [lo, hi) of its actions (nodes are numbered rank by rank in execution order).
+
+        >>> from tfplan import profile, schedules
+        >>> build(schedules.generate("1f1b", 2, 2), profile.uniform(2)).rank_bounds()
+        [(0, 4), (4, 8)]
+        """
+        bounds, at = [], 0
+        for actions in self.schedule.order:
+            bounds.append((at, at + len(actions)))
             at += len(actions)
-            if actions:
-                last[r] = at - 1
-        tails = self.tail_ms or (0.0,) * self.schedule.num_ranks
-        has_succ = set().union(*self.preds)  # C-level: this runs once per simulation, at a million nodes too
-        return [(last[r], tails[r]) for r in sorted(last) if tails[r] > 0 or last[r] not in has_succ]
+        return bounds
 
     def edges(self) -> list[tuple[int, int, float, str]]:
         """Every edge as (u, v, lag_ms, kind); a pair linked by two kinds appears once per kind."""
@@ -224,10 +236,7 @@ def _topological_order(dag: Dag) -> list[int]:
     """
     n = dag.num_nodes
     _, p1, p2 = dag.preds
-    bounds, at = [], 0
-    for actions in dag.schedule.order:
-        bounds.append((at, at + len(actions)))
-        at += len(actions)
+    bounds = dag.rank_bounds()
     nxt = [lo for lo, _ in bounds]
     placed = bytearray(n + 1)
     placed[n] = 1  # placed[-1]: a missing predecessor (-1) counts as placed

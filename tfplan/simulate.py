@@ -109,11 +109,13 @@ def _simulate(dag: Dag, dur: Sequence[float]) -> Simulation:
     n = dag.num_nodes
     start, end = earliest_starts(dag.topo, dag.preds, dag.lags, dur)
     finish = dag.finish() if n else []
-    actions_end = max(end) if n else 0.0
+    # A rank runs its actions one after another, so its last one ends last: the latest end is among the ranks'
+    # last actions, and a rank's busy time is the sum of its slice of the durations (nodes are numbered rank
+    # by rank). Both in C, where a loop over a million actions took 0.2 s per simulation.
+    bounds = dag.rank_bounds()
+    actions_end = max([end[hi - 1] for lo, hi in bounds if hi > lo], default=0.0)
     makespan = max([actions_end] + [end[u] + tail for u, tail in finish])
-    busy = [0.0] * dag.schedule.num_ranks
-    for r, d in zip(dag.rank, dur):
-        busy[r] += d
+    busy = [math.fsum(dur[lo:hi]) for lo, hi in bounds]
     return Simulation(
         start_ms=start,
         end_ms=end,
