@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tfplan.actions import FREEZABLE, Action
+from tfplan.actions import FREEZABLE, KINDS, Action
 from tfplan.errors import TfplanError
 from tfplan.profile import Profile, StageCost
 from tfplan.schedules import Schedule
@@ -177,12 +177,10 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
     on_rank = schedule.stage_to_rank
     p2p = profile.p2p_ms
 
-    prev_rank = [-1] * n
-    i = 0
-    for rank_actions in schedule.order:
-        for j in range(1, len(rank_actions)):
-            prev_rank[i + j] = i + j - 1
-        i += len(rank_actions)
+    prev_rank: list[int] = []
+    for rank_actions in schedule.order:  # each rank's first action has none, the others the one before
+        at = len(prev_rank)
+        prev_rank += [-1] + list(range(at, at + len(rank_actions) - 1)) if rank_actions else []
 
     pipe, pipe_lag, same = [-1] * n, [0.0] * n, [-1] * n
     last = schedule.num_stages - 1
@@ -200,11 +198,11 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
         if pipe[i] >= 0 and on_rank[actions[pipe[i]].stage] != on_rank[s]:
             pipe_lag[i] = p2p
 
-    d_max, d_min = [0.0] * n, [0.0] * n
     dispatch = profile.dispatch_ms
-    for i, a in enumerate(actions):
-        hi, lo = _costs(costs[a.stage], a.kind)
-        d_max[i], d_min[i] = hi + dispatch, lo + dispatch
+    cost = {(s, kind): (hi + dispatch, lo + dispatch)  # (max, min) per stage and kind, looked up per action
+            for s, c in enumerate(costs) for kind in KINDS for hi, lo in [_costs(c, kind)]}
+    pairs = [cost[s, kind] for s, kind, _ in actions]
+    d_max, d_min = [hi for hi, _ in pairs], [lo for _, lo in pairs]
     tails = [0.0] * schedule.num_ranks
     for s, cost in enumerate(costs):
         tails[on_rank[s]] += cost.tail_ms
