@@ -402,9 +402,10 @@ def test_chain_windows_need_ranks_numbered_in_order() -> None:
     from tfplan.fastlp.bound import Windows
 
     g = GraphArrays.from_dag(dag_mod.build(schedules.generate("1f1b", 2, 4), profile.uniform(2)))
-    swapped = g.preds.copy()
-    swapped[0, [1, 2]] = swapped[0, [2, 1]]
-    assert Windows.chains(replace(g, preds=swapped)) is None
+    assert Windows.chains(g) is not None
+    reordered = g.preds.copy()
+    reordered[0, [1, 2, 3]] = [2, 0, 1]  # rank 0 runs node 0, then 2, then 1, then 3: a chain, out of order
+    assert Windows.chains(replace(g, preds=reordered)) is None
 
 
 def test_the_tied_dual_is_the_same_from_a_compression_used_before() -> None:
@@ -550,3 +551,18 @@ def test_the_time_limit_keeps_back_the_time_to_make_the_plan(monkeypatch) -> Non
     sol = fastlp.solve(dag, 0.9, time_limit_s=100.0)
     assert sol.status == "OPTIMAL" and sol.time_limit_s == 100.0
     assert deadlines and all(99.0 < limit <= 99.4 for limit in deadlines), deadlines
+
+
+@pytest.mark.parametrize("maximize", [False, True])
+def test_a_race_keeps_the_better_optimum_and_says_which_simplex_gave_it(monkeypatch, maximize: bool) -> None:
+    # phases._race runs the primal and the dual simplex; when both finish it keeps the smaller value of a tied
+    # primal and the larger value of a tied dual (a better bound either way), and records the winner's method.
+    from tfplan.fastlp.glop import LPResult
+
+    def fake_solve_lp(lp, tied, deadline, dual_simplex=False, **kwargs):
+        return LPResult(objective=2.0 if dual_simplex else 1.0, x=np.zeros(1), iterations=1, wall_s=0.0)
+
+    monkeypatch.setattr(phases, "solve_lp", fake_solve_lp)
+    lp_ = SimpleNamespace(maximize=maximize)
+    got = phases._race(lp_, False, lp.Deadline(limit_s=None))
+    assert (got.objective, got.dual_simplex) == ((2.0, True) if maximize else (1.0, False))

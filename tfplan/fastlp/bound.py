@@ -152,19 +152,17 @@ class Windows:
         if n == 0 or not np.all((prev == -1) | (prev == idx - 1)):
             return None
         d_min = g.d_max - g.delta
-        lag = np.where(prev >= 0, g.lags[0], 0.0)  # on the edge from the previous action of the rank
-        first = np.maximum.accumulate(np.where(prev == -1, idx, 0))  # each node's rank's first node
-        last = np.empty(n, dtype=np.int64)  # and its last node
-        ends = np.append(np.flatnonzero(prev == -1)[1:] - 1, n - 1)
-        last[:] = np.repeat(ends, np.diff(np.append(np.flatnonzero(prev == -1), n)))
-        step = np.cumsum(d_min + lag) - d_min  # up to v's start, from node 0 on (ranks run on across)
-        head = step - (step[first] - lag[first])
-        end_of_rank = step[last] + d_min[last]
-        tail = end_of_rank - step
         after = np.zeros(n)
         after[g.sinks] = g.sink_tail  # the rank's tail when its last action is a sink
-        tail += after[last]
-        np.maximum(head, 0.0, out=head)
+        head, tail = np.empty(n), np.empty(n)
+        firsts = np.flatnonzero(prev == -1)
+        for lo, hi in zip(firsts.tolist(), np.append(firsts[1:], n).tolist()):  # one rank at a time
+            d = d_min[lo:hi]
+            lag = g.lags[0][lo:hi].copy()
+            lag[0] = 0.0  # the rank's first action has no rank edge
+            before = np.cumsum(d + lag) - d  # the chain's length up to each action's start
+            head[lo:hi] = before
+            tail[lo:hi] = before[-1] + d[-1] - before + after[hi - 1]
         return cls(head=head, tail=tail, t_min=float((head + tail).max()))
 
 

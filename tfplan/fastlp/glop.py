@@ -47,6 +47,8 @@ class LPResult:
     basis: tuple[np.ndarray, np.ndarray] | None = None
     """(column statuses, row statuses) of the optimal basis (when asked for), in math_opt's BasisStatusProto
     codes (FREE 1, AT_LOWER 2, AT_UPPER 3, FIXED 4, BASIC 5; a row's status is its activity's)."""
+    dual_simplex: bool | None = None
+    """Which simplex won the race that gave this result (None outside a race)."""
 
 
 class Race:
@@ -78,18 +80,21 @@ class Race:
 
 
 def _heap_trimmer():
-    """glibc's malloc_trim, or None on a C library without it."""
+    """glibc's malloc_trim from the C library the process already uses, or None where it has none."""
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:
         return None
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 _MALLOC_TRIM = _heap_trimmer()
 
 
 def release_freed_memory() -> None:
-    """Hand the heap memory freed so far back to the OS (glibc's malloc_trim, about 0.1 ms; nothing elsewhere).
+    """Hand the heap memory freed so far back to the OS (glibc's malloc_trim, 0.1-6 ms; nothing elsewhere).
 
     GLOP runs in several threads, each with its own malloc arena, and glibc keeps what they free; so does its
     main heap with the large numpy arrays freed after its mmap threshold rose. Measured on `tfplan solve` of

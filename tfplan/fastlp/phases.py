@@ -57,7 +57,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -226,22 +226,27 @@ def _tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResul
                    bound: float, margins: Margins, deadline: Deadline) -> tuple[float, int]:
     """When GLOP's own dual value comes within SANE_GAP of U but the safe bound misses the gap tolerance: the same
     dual vector with the longest-path windows (bound.Windows; the chains' are already in `bound`), then, if that
-    is not enough, a dual solved again: in phases 1-2 more precisely, in phase 3 (whose tied dual the dual
-    simplex solves) by the primal simplex. Measured on 1F1B 32 x 16384 (random-0 profile) phase 3, where a tied
-    row stands for up to 16,000 actions: GLOP's own dual value came 3.1e-8 (relative) below U, the dual
+    is not enough, a dual solved again: in phases 1-2 more precisely, in phase 3 (whose tied dual two simplexes
+    race for) by the one that lost the race. Measured on 1F1B 32 x 16384 (random-0 profile) phase 3, where a
+    tied row stands for up to 16,000 actions: GLOP's own dual value came 3.1e-8 (relative) below U, the dual
     simplex's safe bound 6.4e-6 below (2.7e-4 with the windows), the primal simplex's met U within 4e-9 with
     the chains' windows, and GLOP with PLAN_PARAMS missed by 1.3e-7. Returns the best safe bound and the simplex
     iterations spent."""
     target = upper.objective - gap_tol(phase.number) * max(1.0, abs(upper.objective))
+    chains, windows = margins.chain_windows(), None
     for windows in margins.windows():  # the cheap windows first: the tight ones cost seconds at a million actions
-        bound = max(bound, _lower_bound(c, phase, primal, upper, lower, windows))
+        if windows is not chains:  # the chains' bound is `bound` already
+            bound = max(bound, _lower_bound(c, phase, primal, upper, lower, windows))
         if bound >= target or deadline.expired():
             return bound, 0
     if c.ties.num_tied == 0:
         again = solve_lp(primal, False, deadline, precise=True, duals=True, extra=DUAL_PARAMS)
         fresh = None if again is None else _lower_bound(c, phase, primal, again, None, windows)
     else:
-        again = solve_lp(tied_dual(c, phase), True, deadline, precise=phase.number < 3)
+        # Phase 3's dual came from a race: now the simplex that lost it (the same LP by the same method would
+        # give the same point).
+        other = None if lower is None or lower.dual_simplex is None else not lower.dual_simplex
+        again = solve_lp(tied_dual(c, phase), True, deadline, bool(other), precise=other is None)
         fresh = -INF
         if again is not None:
             for windows in margins.windows():
@@ -280,11 +285,13 @@ def _race(lp: SparseLP, exact: bool, deadline: Deadline) -> LPResult | None:
             result = solve_lp(lp, not exact, deadline, dual_simplex, duals=exact, race=race)
             if result is not None:
                 race.finish()
+                result = replace(result, dual_simplex=dual_simplex)
             return result
 
         dual = other.submit(job, True)
-        results = [job(False), dual.result()]
-    return min((r for r in results if r is not None), default=None, key=lambda r: r.objective)
+        results = [r for r in (job(False), dual.result()) if r is not None]
+    # Both may finish: keep the better optimum (a tied primal's smaller U, a tied dual's larger value).
+    return max(results, default=None, key=lambda r: r.objective if lp.maximize else -r.objective)
 
 
 def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outcome | None = None) -> _Outcome | None:
