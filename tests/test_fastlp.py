@@ -408,6 +408,21 @@ def test_chain_windows_need_ranks_numbered_in_order() -> None:
     assert Windows.chains(replace(g, preds=reordered)) is None
 
 
+def test_the_period_is_the_one_that_ties_most_actions() -> None:
+    # Interleaved 1F1B repeats with a period of one round (P micro-batches); shifted by one micro-batch its
+    # chains break at every round: they cover 92% of 16 x 512 but tie under half of it at phase 1's margin.
+    from tfplan.fastlp.graph import FIRST_MARGIN
+
+    sched = schedules.generate("interleaved-1f1b", 16, 512)
+    g = GraphArrays.from_dag(dag_mod.build(sched, profile.uniform(sched.num_stages)))
+    runs = Runs.detect(g)
+    margin = (FIRST_MARGIN, FIRST_MARGIN)
+    assert runs.period_mb == 16 and runs.ties(g.n, margin).num_tied >= 0.8 * g.n
+    for q in (1, 2, 32):
+        assert Runs._chains(g, q, 4).ties(g.n, margin).num_tied < runs.ties(g.n, margin).num_tied
+    assert len(Runs._chains(g, 1, 4).nodes) > 0.9 * g.n  # what the old rule (coverage) went by
+
+
 def test_the_tied_dual_is_the_same_from_a_compression_used_before() -> None:
     # tfplan.fastlp.dual keeps the kept rows of a compression in Compressed.memo for every later phase: each
     # phase's tied dual equals the one built from a fresh compression, in every order the phases ask for them.

@@ -77,7 +77,7 @@ from tfplan.fastlp.glop import (
     solve_lp,
     solve_warm,
 )
-from tfplan.fastlp.graph import GraphArrays, Runs, Ties
+from tfplan.fastlp.graph import FIRST_MARGIN, GraphArrays, Runs, Ties
 from tfplan.fastlp.margins import Margins
 from tfplan.fastlp.tied import INF, Compressed, Phase, SparseLP, expand_ratios, phase3_basis, tied_primal
 from tfplan.lp import (
@@ -119,7 +119,7 @@ class _Outcome:
 
 
 def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
-          time_limit_s: float | None = None, *, first_margin: int = 2, margin: int | None = None,
+          time_limit_s: float | None = None, *, first_margin: int = FIRST_MARGIN, margin: int | None = None,
           makespan: PhaseResult | None = None) -> Solution:
     """Solve the three-phase LP of tfplan.lp exactly, compressing repeating micro-batches.
 
