@@ -199,9 +199,9 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
             pipe_lag[i] = p2p
 
     dispatch = profile.dispatch_ms
-    cost = {(s, kind): (hi + dispatch, lo + dispatch)  # (max, min) per stage and kind, looked up per action
-            for s, c in enumerate(costs) for kind in KINDS for hi, lo in [_costs(c, kind)]}
-    pairs = [cost[s, kind] for s, kind, _ in actions]
+    by_kind = {(s, kind): (hi + dispatch, lo + dispatch)  # (max, min) per stage and kind, looked up per action
+               for s, c in enumerate(costs) for kind in KINDS for hi, lo in [_costs(c, kind)]}
+    pairs = [by_kind[s, kind] for s, kind, _ in actions]
     d_max, d_min = [hi for hi, _ in pairs], [lo for _, lo in pairs]
     tails = [0.0] * schedule.num_ranks
     for s, cost in enumerate(costs):

@@ -20,7 +20,7 @@ Note [two margins]
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -53,25 +53,19 @@ class Margins:
         self.dual: tuple[np.ndarray, np.ndarray] = self.current
         self._catch_up = False  # the dual was handed a smaller margin than the primal's (Note [two margins])
         self._compressed: dict[object, Compressed] = {}  # the primal's (current) and the last other one
-        self._windows: Windows | None = None
-        self._chains: Windows | bool | None = None  # False: the nodes are not numbered rank by rank
+        self._windows: dict[str, Windows] = {}
 
-    def chain_windows(self) -> Windows | None:
-        """Windows.chains of the graph (None where the nodes are not numbered rank by rank), computed once."""
-        if self._chains is None:
-            self._chains = Windows.chains(self.g) or False
-        return self._chains or None
+    def chain_windows(self) -> Windows:
+        """Windows.chains of the graph (numpy, tens of ms per million actions), computed once."""
+        if "chains" not in self._windows:
+            self._windows["chains"] = Windows.chains(self.g, self.dag)
+        return self._windows["chains"]
 
-    def windows(self) -> Iterator[Windows]:
-        """The start-time windows of tfplan.fastlp.bound, tighter ones later, each computed on first use: the
-        ranks' chains (Windows.chains, numpy), then the longest paths (Windows.build, seconds per million
-        actions)."""
-        chains = self.chain_windows()
-        if chains is not None:
-            yield chains
-        if self._windows is None:
-            self._windows = Windows.build(self.g, self.dag)
-        yield self._windows
+    def path_windows(self) -> Windows:
+        """Windows.build of the graph (tighter; seconds per million actions), computed once, when first asked."""
+        if "paths" not in self._windows:
+            self._windows["paths"] = Windows.build(self.g, self.dag)
+        return self._windows["paths"]
 
     def start(self, phase: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The primal's margin for `phase` (also moves the dual's to at least the phase's starting margin)."""

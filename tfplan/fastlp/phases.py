@@ -233,26 +233,23 @@ def _tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResul
     the chains' windows, and GLOP with PLAN_PARAMS missed by 1.3e-7. Returns the best safe bound and the simplex
     iterations spent."""
     target = upper.objective - gap_tol(phase.number) * max(1.0, abs(upper.objective))
-    chains, windows = margins.chain_windows(), None
-    for windows in margins.windows():  # the cheap windows first: the tight ones cost seconds at a million actions
-        if windows is not chains:  # the chains' bound is `bound` already
-            bound = max(bound, _lower_bound(c, phase, primal, upper, lower, windows))
-        if bound >= target or deadline.expired():
-            return bound, 0
+    # `bound` already holds this dual's bound with the chains' windows.
+    bound = max(bound, _lower_bound(c, phase, primal, upper, lower, margins.path_windows()))
+    if bound >= target or deadline.expired():
+        return bound, 0
     if c.ties.num_tied == 0:
         again = solve_lp(primal, False, deadline, precise=True, duals=True, extra=DUAL_PARAMS)
-        fresh = None if again is None else _lower_bound(c, phase, primal, again, None, windows)
+        fresh = None if again is None else _lower_bound(c, phase, primal, again, None, margins.path_windows())
     else:
         # Phase 3's dual came from a race: now the simplex that lost it (the same LP by the same method would
         # give the same point).
         other = None if lower is None or lower.dual_simplex is None else not lower.dual_simplex
         again = solve_lp(tied_dual(c, phase), True, deadline, bool(other), precise=other is None)
-        fresh = -INF
-        if again is not None:
-            for windows in margins.windows():
-                fresh = max(fresh, _lower_bound(c, phase, primal, upper, again, windows))
-                if fresh >= target:
-                    break
+        fresh = None
+        if again is not None:  # the cheap windows first: the tight ones cost seconds at a million actions
+            fresh = _lower_bound(c, phase, primal, upper, again, margins.chain_windows())
+            if fresh < target:
+                fresh = max(fresh, _lower_bound(c, phase, primal, upper, again, margins.path_windows()))
     log.debug("phase %d: safe bound with windows %s, from a dual solved again %s", phase.number, bound, fresh)
     return max(bound, -INF if fresh is None else fresh), 0 if again is None else again.iterations
 
