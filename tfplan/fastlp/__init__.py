@@ -46,7 +46,7 @@ Note [periodic compression]
   the positive parts of (A'y - c) times the columns' finite upper bounds is a lower bound on OPT for ANY y
   (bound.py, Note [LP certificate] in tfplan.lp): GLOP's tolerances and the ties can only loosen it.
   Exactness. A phase is certified (OPTIMAL) when U - L <= gap_tol max(1, |U|) (tfplan.lp: 1e-9, phase 3
-  1e-8): the phase reports max(U, L) and its gap U - L, and the last phase's tied primal solution, expanded
+  1e-7): the phase reports max(U, L) and its gap U - L, and the last phase's tied primal solution, expanded
   to every action, is the plan. Otherwise the margins grow (2 margin + 1; the primal's and the dual's each
   on its own, Note [two margins] in margins.py) and the phase is solved again; once nothing is tied, the
   tied primal is the full LP and its own row duals give L. Both bounds hold for any choice of ties, so a wrong

@@ -31,12 +31,14 @@ paths (Windows.build, about 3 s per million actions) only when a bound still mis
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from tfplan.dag import Dag
+from tfplan.fastlp import exact
 from tfplan.fastlp.dual import dual_layout
+from tfplan.fastlp.exact import two_prod, two_sum
 from tfplan.fastlp.graph import GraphArrays
 from tfplan.fastlp.tied import Compressed, Phase, SparseLP
 from tfplan.simulate import earliest_starts
@@ -100,20 +102,39 @@ def from_primal_duals(c: Compressed, phase: Phase, lp: SparseLP, duals: np.ndarr
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Windows:
-    """Bounds on every start time that every feasible point keeps, whatever its ratios (module docstring)."""
+    """Bounds on every start time that every feasible point keeps, whatever its ratios (module docstring), as
+    double-double pairs (tfplan.fastlp.exact; Note [bound rounding])."""
 
-    head: np.ndarray
+    head: tuple[np.ndarray, np.ndarray]
     """(n,) earliest start of each action with every action at d_min (ms)."""
-    tail: np.ndarray
+    tail: tuple[np.ndarray, np.ndarray]
     """(n,) longest path from each action's start to the end with every action at d_min, itself included (ms)."""
-    t_min: float
+    t_min: tuple[float, float]
     """The all-frozen makespan: a lower bound on T (ms)."""
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @classmethod
+    def _of(cls, head, tail) -> Windows:
+        span = exact.add(head, tail)
+        if len(span[0]) == 0:
+            return cls(head=head, tail=tail, t_min=(0.0, 0.0))
+        at = np.flatnonzero(span[0] == span[0].max())
+        at = at[np.argmax(span[1][at])]
+        return cls(head=head, tail=tail, t_min=(float(span[0][at]), float(span[1][at])))
+
+    def late(self, t_max: float):
+        """(n,) the latest start of each action, max(head, t_max - tail), as a pair (the last one kept)."""
+        if self.memo.get("t_max") != t_max:
+            self.memo["late"] = exact.maximum(self.head, exact.add_float(exact.neg(self.tail), t_max))
+            self.memo["t_max"] = t_max
+        return self.memo["late"]
 
     @classmethod
     def build(cls, g: GraphArrays, dag: Dag) -> Windows:
         """A forward and a backward pass over the DAG's three predecessor slots in topological order, as
         tfplan.simulate does (pure Python, about 3 s per million actions on a busy 2-core machine). `dag` is
-        g's Dag: its own lists, since converting g's arrays to lists took 250 MB more at a million actions."""
+        g's Dag: its own lists, since converting g's arrays to lists took 250 MB more at a million actions.
+        In float64: each path's sum rounds at every action (Note [bound rounding] measures what that costs)."""
         n = g.n
         d_min = (g.d_max - g.delta).tolist()  # d_max outside the freeze groups, as the LP has it
         p0, p1, p2 = dag.preds
@@ -136,8 +157,7 @@ class Windows:
             u, x = p2[v], l2[v] + t
             if x > after[u]:
                 after[u] = x
-        head_a, tail_a = np.asarray(head), np.asarray(tail)
-        return cls(head=head_a, tail=tail_a, t_min=float((head_a + tail_a).max()) if n else 0.0)
+        return cls._of(exact.pair(head), exact.pair(tail))
 
     @classmethod
     def chains(cls, g: GraphArrays, dag: Dag) -> Windows:
@@ -146,56 +166,96 @@ class Windows:
         with the rank edges' lags) bounds the action's earliest start from below, and its length from the
         action's start to the rank's end (plus the rank's tail when its last action is a sink) bounds the
         action's tail. Where the ranks are balanced (a uniform profile) they are nearly as tight as build's.
-        `dag` is g's Dag, whose nodes are numbered rank by rank (Dag.rank_bounds)."""
+        `dag` is g's Dag, whose nodes are numbered rank by rank (Dag.rank_bounds). Exact: prefix sums of
+        pairs (tfplan.fastlp.exact.prefix)."""
         n = g.n
-        d_min = g.d_max - g.delta
+        d_min = two_sum(g.d_max, -g.delta)
         after = np.zeros(n)
         after[g.sinks] = g.sink_tail  # the rank's tail when its last action is a sink
-        head, tail = np.zeros(n), np.zeros(n)
+        head, tail = (np.zeros(n), np.zeros(n)), (np.zeros(n), np.zeros(n))
         for lo, hi in dag.rank_bounds():
             if hi == lo:
                 continue
-            d = d_min[lo:hi]
+            d = (d_min[0][lo:hi], d_min[1][lo:hi])
             lag = g.lags[0][lo:hi].copy()
             lag[0] = 0.0  # the rank's first action has no rank edge
-            before = np.cumsum(d + lag) - d  # the chain's length up to each action's start
-            head[lo:hi] = before
-            tail[lo:hi] = before[-1] + d[-1] - before + after[hi - 1]
-        return cls(head=head, tail=tail, t_min=float((head + tail).max()) if n else 0.0)
+            through = exact.prefix(exact.add_float(d, lag))  # the chain's length up to each action's end
+            before = exact.add(through, exact.neg(d))  # ... and up to its start
+            whole = (np.full(hi - lo, through[0][-1]), np.full(hi - lo, through[1][-1]))
+            after_rank = exact.add_float(exact.add(whole, exact.neg(before)), np.full(hi - lo, after[hi - 1]))
+            for k in range(2):
+                head[k][lo:hi], tail[k][lo:hi] = before[k], after_rank[k]
+        return cls._of(head, tail)
 
 
 def safe_lower_bound(g: GraphArrays, phase: Phase, dual: FullDual, windows: Windows | None = None) -> float:
     """L = b'y + sum_j min over x_j in [l_j, u_j] of (c - A'y)_j x_j over the full LP's columns (module
     docstring); valid for any dual vector (those of the rows with a sign are clipped at 0 first, which keeps it
     valid). Start times lie in [0, t_max] (T in [0, t_max]), or with `windows` in [head, t_max - tail] (T in
-    [t_min, t_max]), which weighs a flow imbalance by a window instead of t_max."""
+    [t_min, t_max]), which weighs a flow imbalance by a window instead of t_max. Computed in double-double
+    arithmetic (tfplan.fastlp.exact, Note [bound rounding]): in float64 it came out 1e-7 above its exact value."""
     assert np.isfinite(phase.t_max), "the safe bound needs a finite bound on T"
     n, S, frz, st = g.n, len(phase.caps), g.frz, g.stage
     y, kappa, lam = (np.maximum(a, 0.0) for a in (dual.y, dual.kappa, dual.lam))
     size = np.bincount(st[frz], minlength=S).astype(np.float64)  # |A_s|
-    out_y = np.bincount(g.row_u, weights=y, minlength=n)
-    kap = np.zeros(n)
-    kap[g.sinks] = kappa
-    bound = float((g.d_max[g.row_u] + g.row_lag) @ y + (g.d_max[g.sinks] + g.sink_tail) @ kappa
-                  - (phase.caps * size) @ lam)
+    into, out = _flows(g, y, kappa)  # per action: the flows into it; the flows out of it plus its sink price
+    terms = [two_prod(y, g.d_max[g.row_u]), two_prod(kappa, g.d_max[g.sinks]), two_prod(kappa, g.sink_tail),
+             exact.neg(exact.mul_float(two_prod(np.asarray(phase.caps, dtype=np.float64), size), lam))]
+    if g.row_lag.any():
+        terms.append(two_prod(y, g.row_lag))
     # t_v (cost 0) and T (cost 1 in phase 1): each at the end of its range that minimises (c - A'y) x.
-    at_t = np.bincount(g.row_v, weights=y, minlength=n) - out_y - kap
-    reduced_T = float(phase.number == 1) - float(kappa.sum())
+    at_t = exact.add(into, exact.neg(out))
+    up = exact.positive(at_t)
+    reduced_T = exact.add((float(phase.number == 1), 0.0), exact.neg(exact.total(exact.pair(kappa))))
     if windows is None:
-        bound -= phase.t_max * float(np.maximum(at_t, 0.0).sum()) + phase.t_max * max(0.0, -reduced_T)
+        terms.append(exact.neg(exact.mul_float(exact.where(up, at_t), phase.t_max)))
+        if reduced_T[0] < 0.0:
+            terms.append(exact.mul_float(reduced_T, phase.t_max))
     else:
-        late = np.maximum(windows.head, phase.t_max - windows.tail)
-        bound -= float(np.where(at_t > 0.0, at_t * late, at_t * windows.head).sum())
-        bound += reduced_T * (windows.t_min if reduced_T >= 0.0 else phase.t_max)
+        late = windows.late(phase.t_max)
+        at = (np.where(up, late[0], windows.head[0]), np.where(up, late[1], windows.head[1]))
+        terms.append(exact.neg(exact.mul(at_t, at)))
+        terms.append(exact.mul(reduced_T, windows.t_min if reduced_T[0] >= 0.0 else (phase.t_max, 0.0)))
     # r_a (cost 1 in phase 2, u = 1).
-    at_r = g.delta[frz] * (out_y[frz] + kap[frz]) - lam[st[frz]]
-    excess = 0.0
+    at_r = exact.add_float(exact.mul_float(exact.select(out, frz), g.delta[frz]), -lam[st[frz]])
     if phase.number == 3:
         rho = max(0.0, dual.rho)
         p = np.maximum(dual.p[frz], 0.0)
-        bound -= phase.r_ub * rho
-        at_r = at_r - rho - dual.sigma[st[frz]] - p
-        at_mu = size * dual.sigma + np.bincount(st[frz], weights=p, minlength=S)  # mu_s: cost 0, u = 1
-        excess += float(np.maximum(at_mu[size > 0], 0.0).sum()) + float(np.maximum(p - 2.0, 0.0).sum())
-    excess += float(np.maximum(at_r - (phase.number == 2), 0.0).sum())
-    return bound - excess
+        terms.append(exact.neg(two_prod(np.float64(phase.r_ub), np.float64(rho))))
+        for f in (-rho, -dual.sigma[st[frz]], -p):
+            at_r = exact.add_float(at_r, f)
+        # mu_s: cost 0, u = 1; its column sums |A_s| sigma_s and the p of its stage's deviation rows.
+        at_mu = exact.add(two_prod(size, dual.sigma), _stage_sums(st[frz], p, S))
+        terms.append(exact.neg(exact.where((size > 0) & exact.positive(at_mu), at_mu)))
+        e_excess = two_sum(p, -2.0)  # e_a: cost 2, u = 1
+        terms.append(exact.neg(exact.where(exact.positive(e_excess), e_excess)))
+    if phase.number == 2:
+        at_r = exact.add_float(at_r, -1.0)
+    terms.append(exact.neg(exact.where(exact.positive(at_r), at_r)))
+    hi, lo = exact.total_of(*terms)
+    return hi + lo
+
+
+def _flows(g: GraphArrays, y: np.ndarray, kappa: np.ndarray):
+    """Per action, as double-double pairs: the sum of the flows y of its incoming rows, and of its outgoing rows
+    plus its sink price kappa (exact sums: no row's flow is rounded away; Note [bound rounding])."""
+    memo = g.memo
+    if "flow_levels" not in memo:  # which rows (and sinks) can be added at once without two hitting one action
+        out_index = np.concatenate([g.row_u, g.sinks])
+        memo["flow_levels"] = (exact.levels(g.row_v), out_index, exact.levels(out_index))
+    into_levels, out_index, out_levels = memo["flow_levels"]
+    into = exact.scatter_add(g.n, g.row_v, exact.pair(y), into_levels)
+    out = exact.scatter_add(g.n, out_index, exact.pair(np.concatenate([y, kappa])), out_levels)
+    return into, out
+
+
+def _stage_sums(stage: np.ndarray, values: np.ndarray, num_stages: int):
+    """The sum of `values` per stage, as pairs."""
+    hi, lo = np.zeros(num_stages), np.zeros(num_stages)
+    order = np.argsort(stage, kind="stable")
+    bounds = np.searchsorted(stage[order], np.arange(num_stages + 1))
+    for s in range(num_stages):
+        hi[s], lo[s] = exact.total(exact.pair(values[order[bounds[s]:bounds[s + 1]]]))
+    return hi, lo
+
+

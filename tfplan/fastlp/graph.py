@@ -12,7 +12,7 @@ Every array is indexed by node (action) unless named otherwise; times in ms.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -62,6 +62,8 @@ class GraphArrays:
     """(K,) float: the tail after each of `sinks` (its rank's tail, ms)."""
     topo: np.ndarray
     """(n,) int: a topological order of the nodes (the Dag's)."""
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """What is derived from these arrays once per solve (tfplan.fastlp.bound keeps its flows' layout here)."""
 
     @classmethod
     def from_dag(cls, dag: Dag) -> GraphArrays:
