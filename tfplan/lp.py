@@ -50,8 +50,9 @@ and the next margin's tied primal (61,385 columns, three minutes) came out 1.1e-
 feasibility tolerance times the thousands of actions a tied row stands for. Phase 3's optimum is also only as
 sharp as the allowances it inherits: its total-freeze row's price (rho = 722 there) times phase 2's own
 tolerance (1e-9 of R2 = 49,642) is 3.6e-2, 8e-5 of the optimum. So phase 3 is certified at 1e-7, the same
-scale as NEG_GAP below; at 1e-8 it was certified on that instance only through float64's rounding of L. The full-LP backend's OPTIMAL promises only GLOP's own tolerances
-(absolute, on feasibility and reduced costs), no relative gap at all.
+scale as NEG_GAP below; at 1e-8 it was certified on that instance only through float64's rounding of L.
+The full-LP backend's OPTIMAL promises only GLOP's own tolerances (absolute, on feasibility and reduced
+costs), no relative gap at all.
 U may also come out below L, by GLOP's feasibility tolerance (a tied row stands for thousands of copies):
 down to 1e-7 relative that counts as certified with gap 0, the phase reports max(U, L), and the plan is
 re-simulated against its bounds (tfplan.fastlp). A phase that stopped short of all that (the time limit) is

@@ -195,7 +195,7 @@ def safe_lower_bound(g: GraphArrays, phase: Phase, dual: FullDual, windows: Wind
     [t_min, t_max]), which weighs a flow imbalance by a window instead of t_max. Computed in double-double
     arithmetic (tfplan.fastlp.exact, Note [bound rounding]): in float64 it came out 1e-7 above its exact value."""
     assert np.isfinite(phase.t_max), "the safe bound needs a finite bound on T"
-    n, S, frz, st = g.n, len(phase.caps), g.frz, g.stage
+    S, frz, st = len(phase.caps), g.frz, g.stage
     y, kappa, lam = (np.maximum(a, 0.0) for a in (dual.y, dual.kappa, dual.lam))
     size = np.bincount(st[frz], minlength=S).astype(np.float64)  # |A_s|
     into, out = _flows(g, y, kappa)  # per action: the flows into it; the flows out of it plus its sink price
