@@ -37,22 +37,21 @@ Note [redundant rows]: the same-stage edges F -> B/I and I -> W join two actions
 own chain already orders (a validated schedule runs F before B/I and I before W), with lag 0, so their rows
 are implied and dropped.
 
-Note [LP certificate]: a phase is OPTIMAL when its value is certified: GLOP's own OPTIMAL status on the full
-LP (tfplan.solver; no gap is computed), or, in tfplan.fastlp, an upper bound U (a feasible point) and a safe
-lower bound L (weak duality, recomputed from a dual vector over the full LP) with U - L <= gap_tol(phase) max(1,
-|U|): GAP_TOL (1e-9) for phases 1-2, whose optima bound the next phase, EVEN_GAP_TOL (1e-7) for phase 3, whose
-value bounds nothing. Phase 3's safe bound is a small difference of large terms: on 1F1B 32 x 16384 (random-0
-profile) its optimum is 428.8 while its terms reach 2.4e9 (flows of thousands of units per ms times start
-times of 75,000 ms), which is why L is summed in double-double (Note [bound rounding] in
-tfplan.fastlp.exact; in float64 it came out 1.1e-7 above its exact value). Exactly summed, the bound showed
-what the tied points are worth at that scale: the first margin's U stood 3.4e-8 (relative) above the best L,
-and the next margin's tied primal (61,385 columns, three minutes) came out 1.1e-8 *below* it, GLOP's
-feasibility tolerance times the thousands of actions a tied row stands for. Phase 3's optimum is also only as
-sharp as the allowances it inherits: its total-freeze row's price (rho = 722 there) times phase 2's own
-tolerance (1e-9 of R2 = 49,642) is 3.6e-2, 8e-5 of the optimum. So phase 3 is certified at 1e-7, the same
-scale as NEG_GAP below; at 1e-8 it was certified on that instance only through float64's rounding of L.
-The full-LP backend's OPTIMAL promises only GLOP's own tolerances (absolute, on feasibility and reduced
-costs), no relative gap at all.
+Note [LP certificate]: a phase is OPTIMAL when its value is certified: GLOP's own OPTIMAL status on the full LP
+(tfplan.solver; no gap is computed), or, in tfplan.fastlp, an upper bound U (a feasible point) and a safe lower
+bound L (weak duality, recomputed from a dual vector over the full LP) with U - L <= gap_tol(phase) max(1, |U|):
+GAP_TOL (1e-9) for phases 1-2, whose optima bound the next phase, EVEN_GAP_TOL (1e-7) for phase 3, whose value
+bounds nothing. Phase 3's safe bound is a small difference of large terms: on 1F1B 32 x 16384 (random-0 profile) its
+optimum is 428.8 while its terms reach 2.4e9 (flows of thousands of units per ms times start times of 75,000 ms),
+which is why L is summed in double-double (Note [bound rounding] in tfplan.fastlp.exact; in float64 it came out
+1.1e-7 above its exact value). Exactly summed, the bound showed what the tied points are worth at that scale: the
+first margin's U stood 3.4e-8 (relative) above the best L, and the next margin's tied primal (61,385 columns, three
+minutes) came out 1.1e-8 *below* it, GLOP's feasibility tolerance times the thousands of actions a tied row stands
+for. Phase 3's optimum is also only as sharp as the allowances it inherits: its total-freeze row's price (rho = 722
+there) times phase 2's own tolerance (1e-9 of R2 = 49,642) is 3.6e-2, 8e-5 of the optimum. So phase 3 is certified
+at 1e-7, the same scale as the 1e-7 by which U may fall below L (next paragraph); at 1e-8 it was certified on that
+instance only through float64's rounding of L. The full-LP backend's OPTIMAL promises only GLOP's own tolerances
+(absolute, on feasibility and reduced costs), no relative gap at all.
 U may also come out below L, by GLOP's feasibility tolerance (a tied row stands for thousands of copies):
 down to 1e-7 relative that counts as certified with gap 0, the phase reports max(U, L), and the plan is
 re-simulated against its bounds (tfplan.fastlp). A phase that stopped short of all that (the time limit) is

@@ -13,6 +13,8 @@ The files, in reading order (each imports only those above it):
               of actions (Runs) and the ties of a margin (Ties);
   tied.py     the two small LPs of a phase: the tied primal (an upper bound U) and the tied dual (a lower
               bound), as sparse COO matrices (SparseLP, Compressed, Phase);
+  exact.py    sums of products in double-double arithmetic (Note [bound rounding]: the bound's terms are
+              nine orders of magnitude above its value at a million actions);
   bound.py    the safe lower bound L from any dual vector of the full LP (weak duality), and the start-time
               windows that tighten it (Windows);
   margins.py  the margin schedule: how many periods of each run stay untied, phase by phase (Margins);

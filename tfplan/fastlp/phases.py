@@ -228,9 +228,10 @@ def _tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResul
     dual vector with the longest-path windows (bound.Windows; the chains' are already in `bound`), then, if that
     is not enough, a dual solved again: in phases 1-2 more precisely, in phase 3 (whose tied dual two simplexes
     race for) by the one that lost the race. Measured on 1F1B 32 x 16384 (random-0 profile) phase 3, where a
-    tied row stands for up to 16,000 actions: GLOP's own dual value came 3.1e-8 (relative) below U, the dual
-    simplex's safe bound 6.4e-6 below (2.7e-4 with the windows), the primal simplex's met U within 4e-9 with
-    the chains' windows, and GLOP with PLAN_PARAMS missed by 1.3e-7. Returns the best safe bound and the simplex
+    tied row stands for up to 16,000 actions (exact sums, Note [bound rounding]): GLOP's own dual value came
+    3.3e-8 (relative) below U, the safe bound from the same dual 1.3e-7 below with the chains' windows and
+    3.6e-8 with the longest paths' (certified at lp.EVEN_GAP_TOL); the other simplex's dual gave 3.4e-8. (The
+    float64 sums of before had put the first within 4e-9 of U.) Returns the best safe bound and the simplex
     iterations spent."""
     target = upper.objective - gap_tol(phase.number) * max(1.0, abs(upper.objective))
     # `bound` already holds this dual's bound with the chains' windows.
