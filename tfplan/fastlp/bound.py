@@ -31,7 +31,7 @@ paths (Windows.build, about 3 s per million actions) only when a bound still mis
 Rounding. Every sum here is a double-double sum (tfplan.fastlp.exact, Note [bound rounding]), and the chains'
 windows are exact prefix sums; Windows.build's longest paths are float64 sums along paths of up to ~60,000
 actions. On random-0 1F1B 32 x 16384 they are off by up to 1.2e-8 ms, and the phase-3 bound with them was
-the same to the last bit as with the paths summed in long double (the windows that bind are near the ends).
+the same to the last bit as with the paths summed in long double.
 """
 
 from __future__ import annotations
