@@ -171,25 +171,26 @@ class Windows:
         with the rank edges' lags) bounds the action's earliest start from below, and its length from the
         action's start to the rank's end (plus the rank's tail when its last action is a sink) bounds the
         action's tail. Where the ranks are balanced (a uniform profile) they are nearly as tight as build's.
-        `dag` is g's Dag, whose nodes are numbered rank by rank (Dag.rank_bounds). Exact: prefix sums of
-        pairs (tfplan.fastlp.exact.prefix)."""
+        `dag` is g's Dag, whose nodes are numbered rank by rank (Dag.rank_bounds). In double-double: prefix
+        sums of pairs (tfplan.fastlp.exact.prefix), exact to about 2**-100."""
         n = g.n
-        d_min = two_sum(g.d_max, -g.delta)
+        ranks = [(lo, hi) for lo, hi in dag.rank_bounds() if hi > lo]
+        if n == 0:
+            return cls._of(exact.pair(np.zeros(0)), exact.pair(np.zeros(0)))
+        lo, hi = np.array([r[0] for r in ranks]), np.array([r[1] for r in ranks])
+        d = two_sum(g.d_max, -g.delta)  # d_min, exactly
+        lag = g.lags[0].copy()
+        lag[lo] = 0.0  # a rank's first action has no rank edge
+        # All ranks' chains in one prefix sum; a rank's own sums are its entries minus the sum before it.
+        through = exact.prefix(exact.add_float(d, lag))
+        counts = hi - lo
+        each = lambda x: (np.repeat(x[0], counts), np.repeat(x[1], counts))  # noqa: E731 (per rank -> per node)
+        base = each((np.where(lo > 0, through[0][lo - 1], 0.0), np.where(lo > 0, through[1][lo - 1], 0.0)))
+        head = exact.add(exact.add(through, exact.neg(d)), exact.neg(base))
         after = np.zeros(n)
         after[g.sinks] = g.sink_tail  # the rank's tail when its last action is a sink
-        head, tail = (np.zeros(n), np.zeros(n)), (np.zeros(n), np.zeros(n))
-        for lo, hi in dag.rank_bounds():
-            if hi == lo:
-                continue
-            d = (d_min[0][lo:hi], d_min[1][lo:hi])
-            lag = g.lags[0][lo:hi].copy()
-            lag[0] = 0.0  # the rank's first action has no rank edge
-            through = exact.prefix(exact.add_float(d, lag))  # the chain's length up to each action's end
-            before = exact.add(through, exact.neg(d))  # ... and up to its start
-            whole = (np.full(hi - lo, through[0][-1]), np.full(hi - lo, through[1][-1]))
-            after_rank = exact.add_float(exact.add(whole, exact.neg(before)), np.full(hi - lo, after[hi - 1]))
-            for k in range(2):
-                head[k][lo:hi], tail[k][lo:hi] = before[k], after_rank[k]
+        end = each((through[0][hi - 1], through[1][hi - 1]))
+        tail = exact.add_float(exact.add(exact.add(end, exact.neg(through)), d), np.repeat(after[hi - 1], counts))
         return cls._of(head, tail)
 
 
@@ -204,41 +205,45 @@ def safe_lower_bound(g: GraphArrays, phase: Phase, dual: FullDual, windows: Wind
     y, kappa, lam = (np.maximum(a, 0.0) for a in (dual.y, dual.kappa, dual.lam))
     size = np.bincount(st[frz], minlength=S).astype(np.float64)  # |A_s|
     into, out = _flows(g, y, kappa)  # per action: the flows into it; the flows out of it plus its sink price
-    terms = [two_prod(y, g.d_max[g.row_u]), two_prod(kappa, g.d_max[g.sinks]), two_prod(kappa, g.sink_tail),
-             exact.neg(exact.mul_float(two_prod(np.asarray(phase.caps, dtype=np.float64), size), lam))]
+    # b'y (rows, sinks, caps), then each column's min over its range, summed as they come (Note [bound rounding]).
+    bound = exact.add(exact.dot(y, g.d_max[g.row_u]), exact.dot(kappa, g.d_max[g.sinks]))
+    bound = exact.add(bound, exact.dot(kappa, g.sink_tail))
+    bound = exact.add(bound, exact.neg(exact.dot(two_prod(np.asarray(phase.caps, dtype=np.float64), size), lam)))
     if g.row_lag.any():
-        terms.append(two_prod(y, g.row_lag))
+        bound = exact.add(bound, exact.dot(y, g.row_lag))
     # t_v (cost 0) and T (cost 1 in phase 1): each at the end of its range that minimises (c - A'y) x.
     at_t = exact.add(into, exact.neg(out))
+    del into
     up = exact.positive(at_t)
     reduced_T = exact.add((float(phase.number == 1), 0.0), exact.neg(exact.total(exact.pair(kappa))))
     if windows is None:
-        terms.append(exact.neg(exact.mul_float(exact.where(up, at_t), phase.t_max)))
+        bound = exact.add(bound, exact.neg(exact.mul_float(exact.total(exact.where(up, at_t)), phase.t_max)))
         if reduced_T[0] < 0.0:
-            terms.append(exact.mul_float(reduced_T, phase.t_max))
+            bound = exact.add(bound, exact.mul_float(reduced_T, phase.t_max))
     else:
         late = windows.late(phase.t_max)
         at = (np.where(up, late[0], windows.head[0]), np.where(up, late[1], windows.head[1]))
-        terms.append(exact.neg(exact.mul(at_t, at)))
-        terms.append(exact.mul(reduced_T, windows.t_min if reduced_T[0] >= 0.0 else (phase.t_max, 0.0)))
+        bound = exact.add(bound, exact.neg(exact.dot(at_t, at)))
+        del at
+        bound = exact.add(bound, exact.mul(reduced_T, windows.t_min if reduced_T[0] >= 0.0 else (phase.t_max, 0.0)))
+    del at_t, up
     # r_a (cost 1 in phase 2, u = 1).
     at_r = exact.add_float(exact.mul_float(exact.select(out, frz), g.delta[frz]), -lam[st[frz]])
     if phase.number == 3:
         rho = max(0.0, dual.rho)
         p = np.maximum(dual.p[frz], 0.0)
-        terms.append(exact.neg(two_prod(np.float64(phase.r_ub), np.float64(rho))))
+        bound = exact.add(bound, exact.neg(two_prod(float(phase.r_ub), rho)))
         for f in (-rho, -dual.sigma[st[frz]], -p):
             at_r = exact.add_float(at_r, f)
         # mu_s: cost 0, u = 1; its column sums |A_s| sigma_s and the p of its stage's deviation rows.
         at_mu = exact.add(two_prod(size, dual.sigma), _stage_sums(st[frz], p, S))
-        terms.append(exact.neg(exact.where((size > 0) & exact.positive(at_mu), at_mu)))
+        bound = exact.add(bound, exact.neg(exact.total(exact.where((size > 0) & exact.positive(at_mu), at_mu))))
         e_excess = two_sum(p, -2.0)  # e_a: cost 2, u = 1
-        terms.append(exact.neg(exact.where(exact.positive(e_excess), e_excess)))
+        bound = exact.add(bound, exact.neg(exact.total(exact.where(exact.positive(e_excess), e_excess))))
     if phase.number == 2:
         at_r = exact.add_float(at_r, -1.0)
-    terms.append(exact.neg(exact.where(exact.positive(at_r), at_r)))
-    hi, lo = exact.total_of(*terms)
-    return hi + lo
+    bound = exact.add(bound, exact.neg(exact.total(exact.where(exact.positive(at_r), at_r))))
+    return bound[0] + bound[1]
 
 
 def _flows(g: GraphArrays, y: np.ndarray, kappa: np.ndarray):
@@ -249,8 +254,8 @@ def _flows(g: GraphArrays, y: np.ndarray, kappa: np.ndarray):
         out_index = np.concatenate([g.row_u, g.sinks])
         memo["flow_levels"] = (exact.levels(g.row_v), out_index, exact.levels(out_index))
     into_levels, out_index, out_levels = memo["flow_levels"]
-    into = exact.scatter_add(g.n, g.row_v, exact.pair(y), into_levels)
-    out = exact.scatter_add(g.n, out_index, exact.pair(np.concatenate([y, kappa])), out_levels)
+    into = exact.scatter_add(g.n, g.row_v, y, into_levels)
+    out = exact.scatter_add(g.n, out_index, np.concatenate([y, kappa]), out_levels)
     return into, out
 
 
