@@ -66,9 +66,9 @@ def _stage_means(dag: dag_mod.Dag, ratios) -> list[float]:
     return [sum(ratios[v] for v in g) / len(g) if g else 0.0 for g in groups]
 
 
-def _assert_agrees(dag: dag_mod.Dag, caps, target: float | None = None) -> lp.Solution:
+def _assert_agrees(dag: dag_mod.Dag, caps, target: float | None = None, **margins) -> lp.Solution:
     ref = solver.solve(dag, caps, target)
-    got = fastlp.solve(dag, caps, target)
+    got = fastlp.solve(dag, caps, target, **margins)
     assert got.backend == "fastlp"
     assert [p.name for p in got.phases] == ["makespan", "total_freeze", "even_spread"]
     assert got.status == "OPTIMAL" and all(p.status == "OPTIMAL" for p in got.phases)
@@ -519,19 +519,47 @@ def test_phase_3_from_phase_2s_basis_finds_the_same_optimum(monkeypatch) -> None
     used = []
     real = phases.solve_warm
 
-    def spy(primal, basis, params, limit=None):
+    def spy(primal, basis, params, limit=None, **kwargs):
         cols, rows = basis
         assert np.count_nonzero(cols == 5) + np.count_nonzero(rows == 5) == len(primal.row_lo)  # a square basis
-        used.append(1)
-        return real(primal, basis, params, limit)
+        used.append(params)
+        return real(primal, basis, params, limit, **kwargs)
 
     monkeypatch.setattr(phases, "solve_warm", spy)
     warm = _assert_agrees(dag, 0.9)
-    assert used == [1]
+    assert used.count(phases.WARM_PARAMS) == 1  # (phase 2's later margins start from a point: CARRIED_PARAMS)
     monkeypatch.setattr(phases, "solve_warm", lambda *args: None)  # as if GLOP could not start from it
     cold = fastlp.solve(dag, 0.9)
     assert cold.status == "OPTIMAL"
     assert warm.phases[2].objective == pytest.approx(cold.phases[2].objective, rel=PHASE3_REL, abs=1e-7)
+
+
+def test_phase_2s_margins_start_from_the_last_margins_point(monkeypatch) -> None:
+    # Note [warm margins]: each grown margin's tied primal of phase 2 starts from the last margin's optimum,
+    # expanded (tied.carried_point: feasible, the same objective) with a square basis of its values
+    # (tied.basis_of_point). Same certified optima as from scratch.
+    from tfplan.fastlp.tied import basis_of_point
+
+    dag = dag_mod.build(schedules.generate("1f1b", 8, 64), _random_profile(8, seed=2, p2p_ms=0.05))
+    carried = []
+
+    def spy(primal, x):
+        activity = np.bincount(primal.ri, weights=primal.val * x[primal.ci], minlength=len(primal.row_lo))
+        tol = 1e-7 * np.maximum(1.0, np.abs(activity))
+        assert np.all(activity >= primal.row_lo - tol) and np.all(activity <= primal.row_hi + tol)
+        assert np.all(x >= primal.lb - 1e-9) and np.all(x <= primal.ub + 1e-9)
+        cols, rows = basis = basis_of_point(primal, x)
+        assert np.count_nonzero(cols == 5) + np.count_nonzero(rows == 5) == len(primal.row_lo)
+        carried.append(float(primal.obj @ x))
+        return basis
+
+    monkeypatch.setattr(phases, "basis_of_point", spy)
+    warm = _assert_agrees(dag, 0.9, margin=1)
+    assert len(carried) == 3, "phase 2's primal margin grew three times"
+    monkeypatch.setattr(phases, "basis_of_point", lambda primal, x: None)  # each margin from scratch
+    cold = fastlp.solve(dag, 0.9, margin=1)
+    assert cold.status == "OPTIMAL"
+    assert [p.objective for p in warm.phases[:2]] == pytest.approx([p.objective for p in cold.phases[:2]], rel=1e-9)
 
 
 def test_the_time_limit_keeps_back_the_time_to_make_the_plan(monkeypatch) -> None:

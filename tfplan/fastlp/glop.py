@@ -168,18 +168,19 @@ def load(lp: SparseLP) -> pywraplp.Solver:
 
 
 def solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str,
-               time_limit_s: float | None = None) -> LPResult | None:
+               time_limit_s: float | None = None, final_basis: bool = False) -> LPResult | None:
     """GLOP started from `basis` (LPResult.basis's codes), through math_opt; None unless OPTIMAL (or out of time).
 
     GLOP uses a starting basis only without presolve, so `params` should say use_preprocessing: false.
+    final_basis: also return the optimal basis (LPResult.basis).
     """
-    result = _solve_warm(lp, basis, params, time_limit_s)
+    result = _solve_warm(lp, basis, params, time_limit_s, final_basis)
     release_freed_memory()
     return result
 
 
 def _solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str,
-                time_limit_s: float | None) -> LPResult | None:
+                time_limit_s: float | None, final_basis: bool) -> LPResult | None:
     start = time.perf_counter()
     ri, ci, val = _coalesce(lp.ri, lp.ci, lp.val)
     order = np.lexsort((ci, ri))  # math_opt wants the matrix in row-major order
@@ -217,11 +218,22 @@ def _solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str,
                                    None)
     if result.termination.reason != result_pb2.TERMINATION_REASON_OPTIMAL or not result.solutions:
         return None
-    primal = result.solutions[0].primal_solution
-    x = np.zeros(len(cols))
-    x[np.asarray(primal.variable_values.ids, dtype=np.int64)] = primal.variable_values.values
+    solution = result.solutions[0]
+    primal = solution.primal_solution
+    x = _dense(primal.variable_values, len(cols))
+    statuses = None
+    if final_basis and solution.HasField("basis"):
+        statuses = (_dense(solution.basis.variable_status, len(cols)).astype(np.int64),
+                    _dense(solution.basis.constraint_status, len(rows)).astype(np.int64))
     return LPResult(objective=primal.objective_value, x=x, iterations=result.solve_stats.simplex_iterations,
-                    wall_s=time.perf_counter() - start)
+                    wall_s=time.perf_counter() - start, basis=statuses)
+
+
+def _dense(vector, size: int) -> np.ndarray:
+    """A math_opt sparse vector (ids, values) as a dense array of `size` (0 where absent)."""
+    out = np.zeros(size)
+    out[np.asarray(vector.ids, dtype=np.int64)] = vector.values
+    return out
 
 
 def _coalesce(ri: np.ndarray, ci: np.ndarray, val: np.ndarray):

@@ -260,6 +260,52 @@ def phase3_basis(c: Compressed, primal2: SparseLP, primal3: SparseLP, x2: np.nda
     return cols, rows
 
 
+def carried_point(old: Compressed, x_old: np.ndarray, new: Compressed) -> np.ndarray:
+    """The point x_old of a phase-1 or phase-2 tied primal at compression `old`, at compression `new` whose ties
+    are a subset of old's (a larger margin): every action's start and ratio expanded from old's representatives,
+    then taken at new's (Note [warm margins] in tfplan.fastlp.phases). It satisfies every row of new's tied
+    primal that x_old satisfies in old's, with the same objective."""
+    g = old.g
+    nt, ntau_old = len(old.free_nodes), old.ties.num_runs
+    tau_old = x_old[nt: nt + ntau_old]
+    t = x_old[:nt][old.tcol[old.ties.rep]]  # every action's start, from its representative and its run's period
+    drift = old.ties.off > 0
+    t[drift] += old.ties.off[drift] * tau_old[old.ties.run[drift]]
+    r = np.zeros(g.n)
+    r[g.frz] = x_old[nt + ntau_old + old.rcol[old.ties.rep[g.frz]]]
+    tau = np.zeros(new.ties.num_runs)
+    tied = np.flatnonzero(new.ties.run >= 0)
+    assert np.all(old.ties.run[tied] >= 0), "new's tied actions are tied in old"
+    tau[new.ties.run[tied]] = tau_old[old.ties.run[tied]]  # new's runs are parts of old's
+    assert len(x_old) == nt + ntau_old + len(old.r_nodes) + 1, "phases 1-2 only: columns t, tau, r, T"
+    return np.concatenate([t[new.free_nodes], tau, r[new.r_nodes], x_old[-1:]])
+
+
+def basis_of_point(lp: SparseLP, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A starting basis for `lp` at its feasible point x (Note [warm margins] in tfplan.fastlp.phases): each column
+    and row takes the status of its value (a column at a bound nonbasic there, a row with no slack nonbasic at
+    its bound, the rest basic); then the count is made square: surplus basic rows with the least slack become
+    nonbasic (x is then not exactly the basic solution, but near it), or missing basics are made up from tight
+    rows (degenerate basics). GLOP replaces what is singular with slacks. Codes: LPResult.basis."""
+    at_lower, at_upper, basic = 2, 3, 5
+    cols = np.full(len(x), basic, dtype=np.int64)
+    cols[x <= lp.lb] = at_lower
+    cols[x >= lp.ub] = at_upper
+    activity = np.bincount(lp.ri, weights=lp.val * x[lp.ci], minlength=len(lp.row_lo))
+    lower, upper = activity - lp.row_lo, lp.row_hi - activity
+    slack = np.minimum(lower, upper)
+    rows = np.where(slack <= 1e-9 * np.maximum(1.0, np.abs(activity)), np.where(lower <= upper, at_lower, at_upper),
+                    basic)
+    surplus = int(np.count_nonzero(cols == basic) + np.count_nonzero(rows == basic)) - len(rows)
+    if surplus > 0:  # not a vertex of the larger LP: the least-slack basic rows bind
+        candidates = np.flatnonzero(rows == basic)
+        drop = candidates[np.argsort(slack[candidates], kind="stable")[:surplus]]
+        rows[drop] = np.where(lower[drop] <= upper[drop], at_lower, at_upper)
+    elif surplus < 0:  # degenerate: some tight rows are basic at zero slack
+        rows[np.flatnonzero(rows != basic)[:-surplus]] = basic
+    return cols, rows
+
+
 def expand_ratios(c: Compressed, x: np.ndarray) -> np.ndarray:
     """Per-node ratios from a tied-primal solution x (tied nodes take their representative's), in [0, 1]."""
     r = np.zeros(c.g.n)
