@@ -36,7 +36,7 @@ the same to the last bit as with the paths summed in long double.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -116,7 +116,6 @@ class Windows:
     """(n,) longest path from each action's start to the end with every action at d_min, itself included (ms)."""
     t_min: tuple[float, float]
     """The all-frozen makespan: a lower bound on T (ms)."""
-    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def _of(cls, head, tail) -> Windows:
@@ -128,11 +127,9 @@ class Windows:
         return cls(head=head, tail=tail, t_min=(float(span[0][at]), float(span[1][at])))
 
     def late(self, t_max: float):
-        """(n,) the latest start of each action, max(head, t_max - tail), as a pair (the last one kept)."""
-        if self.memo.get("t_max") != t_max:
-            self.memo["late"] = exact.maximum(self.head, exact.add_float(exact.neg(self.tail), t_max))
-            self.memo["t_max"] = t_max
-        return self.memo["late"]
+        """(n,) the latest start of each action, max(head, t_max - tail), as a pair (10 ms per million actions;
+        not kept: 16 MB there)."""
+        return exact.maximum(self.head, exact.add_float(exact.neg(self.tail), t_max))
 
     @classmethod
     def build(cls, g: GraphArrays, dag: Dag) -> Windows:
@@ -145,7 +142,7 @@ class Windows:
         p0, p1, p2 = dag.preds
         l0, l1, l2 = dag.lags
         topo = dag.topo
-        head, _ = earliest_starts(topo, (p0, p1, p2), (l0, l1, l2), d_min)
+        head = np.asarray(earliest_starts(topo, (p0, p1, p2), (l0, l1, l2), d_min)[0])  # lists freed at once
         after = [0.0] * (n + 1)  # longest path from an action's end to the end; after[-1] is scratch
         for u, tail in zip(g.sinks.tolist(), g.sink_tail.tolist()):
             after[u] = tail  # its rank's tail follows the rank's last action
@@ -162,7 +159,8 @@ class Windows:
             u, x = p2[v], l2[v] + t
             if x > after[u]:
                 after[u] = x
-        return cls._of(exact.pair(head), exact.pair(tail))
+        del after
+        return cls._of(exact.pair(head), exact.pair(np.asarray(tail)))
 
     @classmethod
     def chains(cls, g: GraphArrays, dag: Dag) -> Windows:
@@ -251,7 +249,7 @@ def _flows(g: GraphArrays, y: np.ndarray, kappa: np.ndarray):
     plus its sink price kappa (exact sums: no row's flow is rounded away; Note [bound rounding])."""
     memo = g.memo
     if "flow_levels" not in memo:  # which rows (and sinks) can be added at once without two hitting one action
-        out_index = np.concatenate([g.row_u, g.sinks])
+        out_index = np.concatenate([g.row_u, g.sinks]).astype(np.int32 if g.n < 2**31 else np.int64)
         memo["flow_levels"] = (exact.levels(g.row_v), out_index, exact.levels(out_index))
     into_levels, out_index, out_levels = memo["flow_levels"]
     into = exact.scatter_add(g.n, g.row_v, y, into_levels)
