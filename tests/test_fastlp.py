@@ -534,6 +534,18 @@ def test_phase_3_from_phase_2s_basis_finds_the_same_optimum(monkeypatch) -> None
     assert warm.phases[2].objective == pytest.approx(cold.phases[2].objective, rel=PHASE3_REL, abs=1e-7)
 
 
+def test_a_basis_math_opt_rejects_gives_no_result_not_an_error() -> None:
+    # glop.solve_warm: math_opt raises on a starting basis that is not square; the caller then solves cold.
+    from tfplan.fastlp.glop import solve_warm
+
+    dag = dag_mod.build(schedules.generate("1f1b", 4, 24), _random_profile(4, seed=1))
+    g = GraphArrays.from_dag(dag)
+    c = Compressed(g, Runs.detect(g).ties(g.n, (2, 2)))
+    primal = tied_primal(c, Phase(number=1, caps=np.full(4, 0.8), t_max=1e4))
+    all_basic = (np.full(len(primal.lb), 5), np.full(len(primal.row_lo), 5))
+    assert solve_warm(primal, all_basic, phases.CARRIED_PARAMS) is None
+
+
 def test_phase_2s_margins_start_from_the_last_margins_point(monkeypatch) -> None:
     # Note [warm margins]: each grown margin's tied primal of phase 2 starts from the last margin's optimum,
     # expanded (tied.carried_point: feasible, the same objective) with a square basis of its values

@@ -20,6 +20,7 @@ from ortools.linear_solver import linear_solver_pb2, pywraplp
 from ortools.linear_solver.python import model_builder_helper as mbh
 from ortools.math_opt import callback_pb2, model_parameters_pb2, model_pb2, parameters_pb2, result_pb2
 from ortools.math_opt.core.python import solver as math_opt_solver
+from pybind11_abseil.status import StatusNotOk
 
 from tfplan.fastlp.tied import SparseLP
 from tfplan.lp import GLOP_PARAMS, Deadline
@@ -213,9 +214,12 @@ def _solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str,
     model_params.initial_basis.variable_status.values.extend(basis[0].tolist())
     model_params.initial_basis.constraint_status.ids.extend(rows)
     model_params.initial_basis.constraint_status.values.extend(basis[1].tolist())
-    result = math_opt_solver.solve(model, parameters_pb2.SOLVER_TYPE_GLOP, parameters_pb2.SolverInitializerProto(),
-                                   solve_params, model_params, None, callback_pb2.CallbackRegistrationProto(), None,
-                                   None)
+    try:
+        result = math_opt_solver.solve(model, parameters_pb2.SOLVER_TYPE_GLOP,
+                                       parameters_pb2.SolverInitializerProto(), solve_params, model_params, None,
+                                       callback_pb2.CallbackRegistrationProto(), None, None)
+    except StatusNotOk:  # a basis math_opt rejects (not square): the caller solves without one
+        return None
     if result.termination.reason != result_pb2.TERMINATION_REASON_OPTIMAL or not result.solutions:
         return None
     solution = result.solutions[0]

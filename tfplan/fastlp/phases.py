@@ -22,9 +22,10 @@ Note [warm margins]
   last margin's optimum, expanded to every action and tied again at the larger margin (tied.carried_point),
   is feasible there with the same objective; a basis of its values (tied.basis_of_point) starts GLOP's dual
   simplex without presolve (CARRIED_PARAMS, through math_opt as in Note [warm phase 3]; where GLOP fails from
-  it, the solve from scratch runs). Measured in one process each, alternating (1F1B, random-0, cap 0.9):
-  32 x 512, phase 2 18.9 s from scratch against 11.8 s carried, the solve 29.3 against 22.8 s; 32 x 16384,
-  phase 2 19.1 against 13.2 s, the solve 33.0 against 27.3 s; the same optima (phase 2 to 1e-13). Tried
+  it, the solve from scratch runs). Measured (1F1B, random-0, cap 0.9; fresh processes): 32 x 512 alternated,
+  phase 2 18.9 s from scratch against 11.8 s carried, the solve 29.3 against 22.8 s; 32 x 16384, the runs
+  just before and after the change, phase 2 19.1 against 13.2 s, the solve 33.0 against 27.3 s; the same
+  optima (phase 2 to 1e-13). Tried
   before the safe bound was summed exactly (Note [bound rounding] in tfplan.fastlp.exact), the different
   vertex it ends phase 2 on made phase 3's float64 L come out 2.4e-7 above U, and it was taken out.
 

@@ -284,8 +284,9 @@ def carried_point(old: Compressed, x_old: np.ndarray, new: Compressed) -> np.nda
 def basis_of_point(lp: SparseLP, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A starting basis for `lp` at its feasible point x (Note [warm margins] in tfplan.fastlp.phases): each column
     and row takes the status of its value (a column at a bound nonbasic there, a row with no slack nonbasic at
-    its bound, the rest basic); then the count is made square: surplus basic rows with the least slack become
-    nonbasic (x is then not exactly the basic solution, but near it), or missing basics are made up from tight
+    its bound, the rest basic); then the count is made square (math_opt rejects a basis that is not): surplus
+    basic rows with the least slack become nonbasic, then if need be the bounded columns nearest their lower
+    bounds (x is then not exactly the basic solution, but near it), or missing basics are made up from tight
     rows (degenerate basics). GLOP replaces what is singular with slacks. Codes: LPResult.basis."""
     at_lower, at_upper, basic = 2, 3, 5
     cols = np.full(len(x), basic, dtype=np.int64)
@@ -301,6 +302,9 @@ def basis_of_point(lp: SparseLP, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         candidates = np.flatnonzero(rows == basic)
         drop = candidates[np.argsort(slack[candidates], kind="stable")[:surplus]]
         rows[drop] = np.where(lower[drop] <= upper[drop], at_lower, at_upper)
+        surplus -= len(drop)
+        bounded = np.flatnonzero((cols == basic) & np.isfinite(lp.lb))  # then columns, at their lower bounds
+        cols[bounded[np.argsort(x[bounded] - lp.lb[bounded], kind="stable")[:surplus]]] = at_lower
     elif surplus < 0:  # degenerate: some tight rows are basic at zero slack
         rows[np.flatnonzero(rows != basic)[:-surplus]] = basic
     return cols, rows
