@@ -194,10 +194,18 @@ def _shift_ok(g: GraphArrays, q: int) -> tuple[np.ndarray, np.ndarray]:
     idx = np.flatnonzero(ok)
     if len(idx):
         step = g.pos[w[idx]] - g.pos[idx]
-        pairs, counts = np.unique(np.stack([g.cls[idx], step]), axis=1, return_counts=True)
-        order = np.lexsort((counts, pairs[0]))  # per class, the most frequent step last
-        mode = np.zeros(int(g.cls.max()) + 1, dtype=np.int64)
-        mode[pairs[0][order]] = pairs[1][order]
+        # Per class, the most frequent step (the largest of equally frequent ones), from one count per (class,
+        # step): a bincount where that grid is small (np.unique over column pairs took 0.9 s at a million).
+        low, span, classes = int(step.min()), int(step.max() - step.min()) + 1, int(g.cls.max()) + 1
+        key = g.cls[idx] * span + (step - low)
+        if classes * span <= 1 << 24:
+            counts = np.bincount(key, minlength=classes * span).reshape(classes, span)
+            mode = low + span - 1 - counts[:, ::-1].argmax(axis=1)
+        else:
+            keys, counts = np.unique(key, return_counts=True)
+            order = np.lexsort((counts, keys // span))  # per class, the most frequent step last
+            mode = np.zeros(classes, dtype=np.int64)
+            mode[keys[order] // span] = low + keys[order] % span
         ok[idx] = step == mode[g.cls[idx]]
     return np.where(ok, w, -1), ok
 
