@@ -514,7 +514,8 @@ def test_a_target_just_below_the_optimum_needs_no_full_lp(monkeypatch) -> None:
 
 def test_phase_3_from_phase_2s_basis_finds_the_same_optimum(monkeypatch) -> None:
     # Note [warm phase 3]: phase 3's tied primal starts from phase 2's basis (one new basic variable per new
-    # row); where GLOP fails from it, the race of both simplexes runs as before. Same certified optimum.
+    # row), its tied dual from phase 2's tied dual's; where GLOP fails from them, the races of both simplexes
+    # run as before. Same certified optimum.
     dag = dag_mod.build(schedules.generate("1f1b", 6, 240), _random_profile(6, seed=21, p2p_ms=0.05))
     used = []
     real = phases.solve_warm
@@ -528,6 +529,7 @@ def test_phase_3_from_phase_2s_basis_finds_the_same_optimum(monkeypatch) -> None
     monkeypatch.setattr(phases, "solve_warm", spy)
     warm = _assert_agrees(dag, 0.9)
     assert used.count(phases.WARM_PARAMS) == 1  # (phase 2's later margins start from a point: CARRIED_PARAMS)
+    assert used.count(phases.DUAL_WARM_PARAMS) == 1  # and phase 3's tied dual from phase 2's
     monkeypatch.setattr(phases, "solve_warm", lambda *args: None)  # as if GLOP could not start from it
     cold = fastlp.solve(dag, 0.9)
     assert cold.status == "OPTIMAL"

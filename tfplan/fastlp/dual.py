@@ -166,3 +166,18 @@ def tied_dual(c: Compressed, phase: Phase) -> SparseLP:
         obj=obj, lb=lb, ub=np.full(ncols, INF), ri=np.concatenate(ri), ci=np.concatenate(ci),
         val=np.concatenate(val), row_lo=np.full(len(hi), -INF), row_hi=hi, maximize=True,
     )
+
+
+def phase3_dual_basis(basis2: tuple[np.ndarray, np.ndarray], lp3: SparseLP) -> tuple[np.ndarray, np.ndarray] | None:
+    """A starting basis for phase 3's tied dual from phase 2's optimal one at the same compression (Note [warm
+    phase 3] in tfplan.fastlp.phases). tied_dual appends phase 3's columns (rho, sigma, p) after phase 2's and
+    its rows (mu, e) after phase 2's: the new columns start nonbasic at 0 (sigma, free, as FREE), the new rows
+    basic, so the basis stays square. None when phase 2's basis is larger than this LP (another compression).
+    Codes: LPResult.basis."""
+    free, at_lower, basic = 1, 2, 5
+    n2, m2 = len(basis2[0]), len(basis2[1])
+    if n2 > len(lp3.lb) or m2 > len(lp3.row_hi):
+        return None
+    cols = np.concatenate([basis2[0], np.where(np.isfinite(lp3.lb[n2:]), at_lower, free)])
+    rows = np.concatenate([basis2[1], np.full(len(lp3.row_hi) - m2, basic)])
+    return cols, rows

@@ -12,9 +12,18 @@ Note [warm phase 3]
   simplex needs 1,291 iterations (0.8 s there). GLOP takes a starting basis only without presolve, and
   pywraplp cannot hand one over, so this one solve goes through math_opt (glop.solve_warm), with PLAN_PARAMS
   (the point is the plan's); where phase 3 starts at another margin than phase 2 ended on, or GLOP fails
-  from that basis, the race runs as before. The tied dual gained nothing from phase 2's basis (2.1 s warm
-  without presolve against 1.8 s cold with it) and is solved cold. Phase 2's tied primal is solved with
-  the dual simplex from scratch and returns its basis (a few ms).
+  from that basis, the race runs as before. Phase 2's tied primal is solved with the dual simplex from
+  scratch and returns its basis (a few ms).
+  Phase 3's tied dual, at the margin phase 2 hands on, is phase 2's tied dual there with columns (rho, sigma,
+  p) and rows (mu, e) appended (tfplan.fastlp.dual); from phase 2's optimal basis with those columns nonbasic
+  and those rows basic (dual.phase3_dual_basis), the primal simplex gained nothing (uniform 32 x 512: 2.1 s
+  warm without presolve against 1.8 s cold with it), but the dual simplex needs a few percent of the cold
+  iterations (DUAL_WARM_PARAMS; one solve each, 05:45 UTC): random-0 1F1B 32 x 512, 0.39 s and 1,164
+  iterations against 10.3-10.8 s and 33,439-48,416 cold; random-3 interleaved 1F1B 16 x 512 (58,145
+  columns), 1.4 s and 2,327 iterations against 30.9 s for the cold race. The whole solves: 22.6 -> 15.0 s
+  and 42.3 -> 14.7 s. On random-0 32 x 16384 the dual it ends on gives a safe bound 6e-7 below U (the cold
+  race's: 1.3e-7), and the bound is then found by _tighter_bound (the path windows, then the primal simplex
+  from scratch: 6 s), about a second more than the race took there.
 
 Note [warm margins]
   Phase 2's tied primal often needs several margins on heterogeneous profiles (random-0 1F1B 32 x 512 and
@@ -77,7 +86,7 @@ import numpy as np
 from tfplan.dag import Dag
 from tfplan.errors import TfplanError
 from tfplan.fastlp.bound import Windows, from_primal_duals, from_tied_dual, safe_lower_bound
-from tfplan.fastlp.dual import tied_dual
+from tfplan.fastlp.dual import phase3_dual_basis, tied_dual
 from tfplan.fastlp.glop import (
     DUAL_PARAMS,
     LENIENT,
@@ -128,6 +137,7 @@ UNTIE_LIMIT = 20_000  # actions: up to here a plan past the bound is re-solved o
 SIM_TOL = 1.05e-9  # a plan's simulated makespan above T1 (1 + SIM_TOL) is re-solved (Note [LP tolerance])
 WARM_PARAMS = PLAN_PARAMS + LENIENT  # phase 3 from phase 2's basis: no presolve (GLOP needs that to use a basis)
 CARRIED_PARAMS = "use_preprocessing: false use_dual_simplex: true" + LENIENT  # Note [warm margins]
+DUAL_WARM_PARAMS = CARRIED_PARAMS + " primal_feasibility_tolerance: 1e-10"  # Note [warm phase 3]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +150,9 @@ class _Outcome:
     phase: Phase
     primal: SparseLP
     """The tied primal `upper` solves (its row blocks place phase 2's basis in phase 3's LP)."""
+    dual: tuple[tuple[np.ndarray, np.ndarray], LPResult] | None = None
+    """The margin handed on (Margins.dual) and the tied dual solved there, with its basis in phase 2 (Note [warm
+    phase 3])."""
 
 
 def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
@@ -303,6 +316,19 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
     return [pool.submit(solve_lp, primal, not exact, deadline, number == 2, duals=exact, basis=number == 2)]
 
 
+def _warm_dual(dual_lp: SparseLP, before: LPResult, deadline: Deadline) -> LPResult | None:
+    """Phase 3's tied dual by the dual simplex from phase 2's optimal tied-dual basis at the same margin (Note
+    [warm phase 3]: tied.phase3_dual_basis); None where that basis does not fit or GLOP fails from it."""
+    if before.basis is None:
+        return None
+    basis = phase3_dual_basis(before.basis, dual_lp)
+    if basis is None:
+        return None
+    limit = None if deadline.limit_s is None else deadline.remaining()
+    result = solve_warm(dual_lp, basis, DUAL_WARM_PARAMS, limit)
+    return None if result is None else replace(result, dual_simplex=True)
+
+
 def _race(lp: SparseLP, exact: bool, deadline: Deadline) -> LPResult | None:
     """Phase 3's tied primal (or tied dual) by the primal and the dual simplex at once: the first result
     interrupts the other."""
@@ -343,7 +369,8 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
     lower: LPResult | None = None
     tightened_dual: LPResult | None = None
     polish_tried: LPResult | None = None
-    rounds: list[tuple[tuple[np.ndarray, np.ndarray], float]] = []
+    rounds: list[tuple[tuple[np.ndarray, np.ndarray], float, LPResult | None]] = []
+    handed = None
     bound = -INF
     carried: tuple[LPResult, Compressed] | None = None  # the last round's tied primal point (Note [warm margins])
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -364,7 +391,13 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                 lower = None
             elif solve_d:  # phase 3: both simplexes race, as for its primal (Note [LP tolerance])
                 dual_lp = tied_dual(c_dual, phase)
-                lower = _race(dual_lp, False, deadline) if phase.number == 3 else solve_lp(dual_lp, True, deadline)
+                lower = None
+                if phase.number == 3 and before is not None and before.dual is not None and not rounds \
+                        and all(np.array_equal(a, b) for a, b in zip(before.dual[0], margins.dual)):
+                    lower = _warm_dual(dual_lp, before.dual[1], deadline)  # Note [warm phase 3]
+                if lower is None:
+                    lower = _race(dual_lp, False, deadline) if phase.number == 3 else \
+                        solve_lp(dual_lp, True, deadline, basis=phase.number == 2)
                 iterations += lower.iterations if lower else 0
             if solve_p:
                 upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
@@ -403,7 +436,7 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
             if upper is not None and (best is None or upper.objective < best[0].objective):
                 best = (upper, c, primal)
             best_lower = max(best_lower, bound)
-            rounds.append((margins.dual, bound))
+            rounds.append((margins.dual, bound, lower))
             if -NEG_GAP * scale <= gap <= tol:  # far below 0 would be numerical trouble
                 certified = True
                 break
@@ -428,12 +461,13 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
     if certified:
         value = max(value, best_lower)
         tol = gap_tol(phase.number) * max(1.0, abs(value))
-        margins.dual = next((m for m, b in rounds if value - b <= tol), margins.dual)
+        margins.dual, handed = next(((m, low) for m, b, low in rounds if value - b <= tol), (margins.dual, None))
+        handed = None if handed is None else (margins.dual, handed)
     result = PhaseResult(
         name=PHASE_NAMES[phase.number - 1], objective=value, status=OPTIMAL if certified else FEASIBLE,
         iterations=iterations, wall_s=time.perf_counter() - start, gap=gap,
     )
-    return _Outcome(result, upper, c, phase, primal)
+    return _Outcome(result, upper, c, phase, primal, handed)
 
 
 def _plan(dag: Dag, g: GraphArrays, last: _Outcome, best: float, target: float | None, deadline: Deadline):
