@@ -530,7 +530,7 @@ def test_phase_3_from_phase_2s_basis_finds_the_same_optimum(monkeypatch) -> None
     warm = _assert_agrees(dag, 0.9)
     assert used.count(phases.WARM_PARAMS) == 1  # (phase 2's later margins start from a point: CARRIED_PARAMS)
     assert used.count(phases.DUAL_WARM_PARAMS) == 1  # and phase 3's tied dual from phase 2's
-    monkeypatch.setattr(phases, "solve_warm", lambda *args: None)  # as if GLOP could not start from it
+    monkeypatch.setattr(phases, "solve_warm", lambda *args, **kwargs: None)  # as if GLOP could not start from it
     cold = fastlp.solve(dag, 0.9)
     assert cold.status == "OPTIMAL"
     assert warm.phases[2].objective == pytest.approx(cold.phases[2].objective, rel=PHASE3_REL, abs=1e-7)
@@ -546,6 +546,21 @@ def test_a_basis_math_opt_rejects_gives_no_result_not_an_error() -> None:
     primal = tied_primal(c, Phase(number=1, caps=np.full(4, 0.8), t_max=1e4))
     all_basic = (np.full(len(primal.lb), 5), np.full(len(primal.row_lo), 5))
     assert solve_warm(primal, all_basic, phases.CARRIED_PARAMS) is None
+
+
+def test_a_warm_solve_in_a_race_that_is_over_does_not_run() -> None:
+    # glop.Race interrupts math_opt's solves too (phase 3's tied dual races a warm solve against two cold ones).
+    from tfplan.fastlp.glop import Race, solve_glop, solve_warm
+
+    dag = dag_mod.build(schedules.generate("1f1b", 4, 24), _random_profile(4, seed=1))
+    g = GraphArrays.from_dag(dag)
+    c = Compressed(g, Runs.detect(g).ties(g.n, (2, 2)))
+    primal = tied_primal(c, Phase(number=1, caps=np.full(4, 0.8), t_max=1e4))
+    basis = solve_glop(primal, basis=True).basis
+    assert solve_warm(primal, basis, phases.CARRIED_PARAMS, race=Race()) is not None  # a race still on
+    race = Race()
+    race.finish()
+    assert solve_warm(primal, basis, phases.CARRIED_PARAMS, race=race) is None
 
 
 def test_phase_2s_margins_start_from_the_last_margins_point(monkeypatch) -> None:

@@ -20,6 +20,7 @@ from ortools.linear_solver import linear_solver_pb2, pywraplp
 from ortools.linear_solver.python import model_builder_helper as mbh
 from ortools.math_opt import callback_pb2, model_parameters_pb2, model_pb2, parameters_pb2, result_pb2
 from ortools.math_opt.core.python import solver as math_opt_solver
+from ortools.util.python.pybind_solve_interrupter import PySolveInterrupter
 from pybind11_abseil.status import StatusNotOk
 
 from tfplan.fastlp.tied import SparseLP
@@ -58,11 +59,12 @@ class Race:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._solvers: list[pywraplp.Solver] = []
+        self._solvers: list[pywraplp.Solver | PySolveInterrupter] = []  # math_opt's solves by their interrupter
         self._over = False
 
-    def enter(self, solver: pywraplp.Solver) -> bool:
-        """Register a solver about to solve; False when the race is already over (then do not solve)."""
+    def enter(self, solver: pywraplp.Solver | PySolveInterrupter) -> bool:
+        """Register a solver about to solve (or a math_opt solve's interrupter); False when the race is already
+        over (then do not solve)."""
         with self._lock:
             if not self._over:
                 self._solvers.append(solver)
@@ -77,7 +79,10 @@ class Race:
         with self._lock:
             self._over = True
             for solver in self._solvers:
-                solver.InterruptSolve()
+                if isinstance(solver, PySolveInterrupter):
+                    solver.interrupt()
+                else:
+                    solver.InterruptSolve()
 
 
 def _heap_trimmer():
@@ -168,20 +173,21 @@ def load(lp: SparseLP) -> pywraplp.Solver:
     return solver
 
 
-def solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str,
-               time_limit_s: float | None = None, final_basis: bool = False) -> LPResult | None:
-    """GLOP started from `basis` (LPResult.basis's codes), through math_opt; None unless OPTIMAL (or out of time).
+def solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str, time_limit_s: float | None = None,
+               final_basis: bool = False, race: Race | None = None) -> LPResult | None:
+    """GLOP started from `basis` (LPResult.basis's codes), through math_opt; None unless OPTIMAL (or out of time,
+    or lost a race).
 
     GLOP uses a starting basis only without presolve, so `params` should say use_preprocessing: false.
-    final_basis: also return the optimal basis (LPResult.basis).
+    final_basis: also return the optimal basis (LPResult.basis); race: the Race this solve runs in.
     """
-    result = _solve_warm(lp, basis, params, time_limit_s, final_basis)
+    result = _solve_warm(lp, basis, params, time_limit_s, final_basis, race)
     release_freed_memory()
     return result
 
 
 def _solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str,
-                time_limit_s: float | None, final_basis: bool) -> LPResult | None:
+                time_limit_s: float | None, final_basis: bool, race: Race | None) -> LPResult | None:
     start = time.perf_counter()
     ri, ci, val = _coalesce(lp.ri, lp.ci, lp.val)
     order = np.lexsort((ci, ri))  # math_opt wants the matrix in row-major order
@@ -214,10 +220,15 @@ def _solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str,
     model_params.initial_basis.variable_status.values.extend(basis[0].tolist())
     model_params.initial_basis.constraint_status.ids.extend(rows)
     model_params.initial_basis.constraint_status.values.extend(basis[1].tolist())
+    interrupter = None
+    if race is not None:
+        interrupter = PySolveInterrupter()
+        if not race.enter(interrupter):
+            return None
     try:
         result = math_opt_solver.solve(model, parameters_pb2.SOLVER_TYPE_GLOP,
                                        parameters_pb2.SolverInitializerProto(), solve_params, model_params, None,
-                                       callback_pb2.CallbackRegistrationProto(), None, None)
+                                       callback_pb2.CallbackRegistrationProto(), None, interrupter)
     except StatusNotOk:  # a basis math_opt rejects (not square): the caller solves without one
         return None
     if result.termination.reason != result_pb2.TERMINATION_REASON_OPTIMAL or not result.solutions:

@@ -20,10 +20,12 @@ Note [warm phase 3]
   warm without presolve against 1.8 s cold with it), but the dual simplex needs a few percent of the cold
   iterations (DUAL_WARM_PARAMS; one solve each, 05:45 UTC): random-0 1F1B 32 x 512, 0.39 s and 1,164
   iterations against 10.3-10.8 s and 33,439-48,416 cold; random-3 interleaved 1F1B 16 x 512 (58,145
-  columns), 1.4 s and 2,327 iterations against 30.9 s for the cold race. The whole solves: 22.6 -> 15.0 s
-  and 42.3 -> 14.7 s. On random-0 32 x 16384 the dual it ends on gives a safe bound 6e-7 below U (the cold
-  race's: 1.3e-7), and the bound is then found by _tighter_bound (the path windows, then the primal simplex
-  from scratch: 6 s), about a second more than the race took there.
+  columns), 1.4 s and 2,327 iterations against 30.9 s for the cold race. Not always: on uniform 1F1B
+  64 x 8192 it took 28-30 s (34,363 iterations) where the dual simplex from scratch with presolve took 19 s
+  beside it. So it joins the race (_race: three solves of the tied dual, the first result interrupting the
+  others, math_opt's through its interrupter). On random-0 32 x 16384 the dual it ends on gives a safe bound
+  6e-7 below U (the cold race's: 1.3e-7), and the bound is then found by _tighter_bound (the path windows,
+  then the primal simplex from scratch: 6 s), about a second more than the race took there.
 
 Note [warm margins]
   Phase 2's tied primal often needs several margins on heterogeneous profiles (random-0 1F1B 32 x 512 and
@@ -316,24 +318,13 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
     return [pool.submit(solve_lp, primal, not exact, deadline, number == 2, duals=exact, basis=number == 2)]
 
 
-def _warm_dual(dual_lp: SparseLP, before: LPResult, deadline: Deadline) -> LPResult | None:
-    """Phase 3's tied dual by the dual simplex from phase 2's optimal tied-dual basis at the same margin (Note
-    [warm phase 3]: tied.phase3_dual_basis); None where that basis does not fit or GLOP fails from it."""
-    if before.basis is None:
-        return None
-    basis = phase3_dual_basis(before.basis, dual_lp)
-    if basis is None:
-        return None
-    limit = None if deadline.limit_s is None else deadline.remaining()
-    result = solve_warm(dual_lp, basis, DUAL_WARM_PARAMS, limit)
-    return None if result is None else replace(result, dual_simplex=True)
-
-
-def _race(lp: SparseLP, exact: bool, deadline: Deadline) -> LPResult | None:
-    """Phase 3's tied primal (or tied dual) by the primal and the dual simplex at once: the first result
-    interrupts the other."""
+def _race(lp: SparseLP, exact: bool, deadline: Deadline,
+          warm: tuple[np.ndarray, np.ndarray] | None = None) -> LPResult | None:
+    """Phase 3's tied primal (or tied dual) by the primal and the dual simplex at once, and with `warm` (phase 3's
+    tied dual: dual.phase3_dual_basis, Note [warm phase 3]) also by the dual simplex from that basis: the first
+    result interrupts the others."""
     race = Race()
-    with ThreadPoolExecutor(max_workers=1) as other:
+    with ThreadPoolExecutor(max_workers=2) as others:
         def job(dual_simplex: bool) -> LPResult | None:
             result = solve_lp(lp, not exact, deadline, dual_simplex, duals=exact, race=race)
             if result is not None:
@@ -341,8 +332,16 @@ def _race(lp: SparseLP, exact: bool, deadline: Deadline) -> LPResult | None:
                 result = replace(result, dual_simplex=dual_simplex)
             return result
 
-        dual = other.submit(job, True)
-        results = [r for r in (job(False), dual.result()) if r is not None]
+        def warm_job() -> LPResult | None:
+            limit = None if deadline.limit_s is None else deadline.remaining()
+            result = solve_warm(lp, warm, DUAL_WARM_PARAMS, limit, race=race)
+            if result is not None:
+                race.finish()
+                result = replace(result, dual_simplex=True)
+            return result
+
+        jobs = [others.submit(job, True)] + ([others.submit(warm_job)] if warm is not None else [])
+        results = [r for r in [job(False)] + [j.result() for j in jobs] if r is not None]
     # Both may finish: keep the better optimum (a tied primal's smaller U, a tied dual's larger value).
     return max(results, default=None, key=lambda r: r.objective if lp.maximize else -r.objective)
 
@@ -391,13 +390,13 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                 lower = None
             elif solve_d:  # phase 3: both simplexes race, as for its primal (Note [LP tolerance])
                 dual_lp = tied_dual(c_dual, phase)
-                lower = None
+                dual_warm = None  # Note [warm phase 3]: phase 2's tied dual basis, at the same margin
                 if phase.number == 3 and before is not None and before.dual is not None and not rounds \
+                        and before.dual[1].basis is not None \
                         and all(np.array_equal(a, b) for a, b in zip(before.dual[0], margins.dual)):
-                    lower = _warm_dual(dual_lp, before.dual[1], deadline)  # Note [warm phase 3]
-                if lower is None:
-                    lower = _race(dual_lp, False, deadline) if phase.number == 3 else \
-                        solve_lp(dual_lp, True, deadline, basis=phase.number == 2)
+                    dual_warm = phase3_dual_basis(before.dual[1].basis, dual_lp)
+                lower = _race(dual_lp, False, deadline, dual_warm) if phase.number == 3 else \
+                    solve_lp(dual_lp, True, deadline, basis=phase.number == 2)
                 iterations += lower.iterations if lower else 0
             if solve_p:
                 upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
