@@ -22,10 +22,14 @@ Note [warm phase 3]
   iterations against 10.3-10.8 s and 33,439-48,416 cold; random-3 interleaved 1F1B 16 x 512 (58,145
   columns), 1.4 s and 2,327 iterations against 30.9 s for the cold race. Not always: on uniform 1F1B
   64 x 8192 it took 28-30 s (34,363 iterations) where the dual simplex from scratch with presolve took 19 s
-  beside it. So it joins the race (_race: three solves of the tied dual, the first result interrupting the
-  others, math_opt's through its interrupter). On random-0 32 x 16384 the dual it ends on gives a safe bound
-  6e-7 below U (the cold race's: 1.3e-7), and the bound is then found by _tighter_bound (the path windows,
-  then the primal simplex from scratch: 6 s), about a second more than the race took there.
+  beside it, and racing all three slowed the winner by the third thread (uniform 32 x 512: phase 3 0.7 s
+  with the warm dual alone, 1.7-2.0 s in a race of three). So the warm dual runs first and alone, for half
+  what phase 2's tied dual took at that margin (at least 1 s); if it has not finished by then, it is
+  interrupted (math_opt's interrupter, glop.Race) and the race of two runs as before: at worst phase 3 costs
+  that head start more (64 x 8192: phase 3 15.1 s, the warm dual stopped at 1.7 s). On random-0 32 x 16384
+  the dual it ends on gives a safe bound 6e-7 below U (the cold race's: 1.3e-7), and the bound is then found
+  by _tighter_bound (the path windows, then the primal simplex from scratch: 6 s), about a second more than
+  the race took there.
 
 Note [warm margins]
   Phase 2's tied primal often needs several margins on heterogeneous profiles (random-0 1F1B 32 x 512 and
@@ -318,13 +322,26 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
     return [pool.submit(solve_lp, primal, not exact, deadline, number == 2, duals=exact, basis=number == 2)]
 
 
-def _race(lp: SparseLP, exact: bool, deadline: Deadline,
-          warm: tuple[np.ndarray, np.ndarray] | None = None) -> LPResult | None:
-    """Phase 3's tied primal (or tied dual) by the primal and the dual simplex at once, and with `warm` (phase 3's
-    tied dual: dual.phase3_dual_basis, Note [warm phase 3]) also by the dual simplex from that basis: the first
-    result interrupts the others."""
+def _race(lp: SparseLP, exact: bool, deadline: Deadline, warm: tuple[np.ndarray, np.ndarray] | None = None,
+          head_start_s: float = 0.0) -> LPResult | None:
+    """Phase 3's tied primal (or tied dual) by the primal and the dual simplex at once: the first result
+    interrupts the other. With `warm` (phase 3's tied dual: dual.phase3_dual_basis, Note [warm phase 3]) the
+    dual simplex from that basis first, alone; if it has no result within head_start_s seconds, it is
+    interrupted and the race runs as without it."""
+    if warm is not None:
+        alone = Race()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            limit = None if deadline.limit_s is None else deadline.remaining()
+            future = pool.submit(solve_warm, lp, warm, DUAL_WARM_PARAMS, limit, race=alone)
+            try:
+                result = future.result(timeout=head_start_s)
+            except TimeoutError:
+                alone.finish()
+                result = future.result()
+        if result is not None:  # (an interrupted solve has none)
+            return replace(result, dual_simplex=True)
     race = Race()
-    with ThreadPoolExecutor(max_workers=2) as others:
+    with ThreadPoolExecutor(max_workers=1) as other:
         def job(dual_simplex: bool) -> LPResult | None:
             result = solve_lp(lp, not exact, deadline, dual_simplex, duals=exact, race=race)
             if result is not None:
@@ -332,16 +349,8 @@ def _race(lp: SparseLP, exact: bool, deadline: Deadline,
                 result = replace(result, dual_simplex=dual_simplex)
             return result
 
-        def warm_job() -> LPResult | None:
-            limit = None if deadline.limit_s is None else deadline.remaining()
-            result = solve_warm(lp, warm, DUAL_WARM_PARAMS, limit, race=race)
-            if result is not None:
-                race.finish()
-                result = replace(result, dual_simplex=True)
-            return result
-
-        jobs = [others.submit(job, True)] + ([others.submit(warm_job)] if warm is not None else [])
-        results = [r for r in [job(False)] + [j.result() for j in jobs] if r is not None]
+        dual = other.submit(job, True)
+        results = [r for r in (job(False), dual.result()) if r is not None]
     # Both may finish: keep the better optimum (a tied primal's smaller U, a tied dual's larger value).
     return max(results, default=None, key=lambda r: r.objective if lp.maximize else -r.objective)
 
@@ -395,7 +404,8 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                         and before.dual[1].basis is not None \
                         and all(np.array_equal(a, b) for a, b in zip(before.dual[0], margins.dual)):
                     dual_warm = phase3_dual_basis(before.dual[1].basis, dual_lp)
-                lower = _race(dual_lp, False, deadline, dual_warm) if phase.number == 3 else \
+                head_start = 0.0 if dual_warm is None else max(1.0, 0.5 * before.dual[1].wall_s)
+                lower = _race(dual_lp, False, deadline, dual_warm, head_start) if phase.number == 3 else \
                     solve_lp(dual_lp, True, deadline, basis=phase.number == 2)
                 iterations += lower.iterations if lower else 0
             if solve_p:
