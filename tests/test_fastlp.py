@@ -563,6 +563,28 @@ def test_a_warm_solve_in_a_race_that_is_over_does_not_run() -> None:
     assert solve_warm(primal, basis, phases.CARRIED_PARAMS, race=race) is None
 
 
+def test_a_warm_dual_that_has_not_finished_in_its_head_start_gives_way_to_the_race(monkeypatch) -> None:
+    # Note [warm phase 3]: phase 3's tied dual from phase 2's basis runs alone for its head start (at least 1 s);
+    # one still running then is interrupted, and the race of the two cold simplexes gives the dual.
+    import time as time_mod
+
+    dag = dag_mod.build(schedules.generate("1f1b", 6, 240), _random_profile(6, seed=21, p2p_ms=0.05))
+    real, stalled = phases.solve_warm, []
+
+    def stall(primal, basis, params, limit=None, **kwargs):
+        if params != phases.DUAL_WARM_PARAMS:
+            return real(primal, basis, params, limit, **kwargs)
+        race = kwargs["race"]
+        while not race.over:  # a slow warm start, until it is interrupted
+            time_mod.sleep(0.01)
+        stalled.append(1)
+        return None
+
+    monkeypatch.setattr(phases, "solve_warm", stall)
+    _assert_agrees(dag, 0.9)
+    assert stalled == [1]
+
+
 def test_phase_2s_margins_start_from_the_last_margins_point(monkeypatch) -> None:
     # Note [warm margins]: each grown margin's tied primal of phase 2 starts from the last margin's optimum,
     # expanded (tied.carried_point: feasible, the same objective) with a square basis of its values
