@@ -127,7 +127,7 @@ class Windows:
         return cls(head=head, tail=tail, t_min=(float(span[0][at]), float(span[1][at])))
 
     def late(self, t_max: float):
-        """(n,) the latest start of each action, max(head, t_max - tail), as a pair (10 ms per million actions;
+        """(n,) the latest start of each action, max(head, t_max - tail), as a pair (7 ms per million actions;
         not kept: 16 MB there)."""
         return exact.maximum(self.head, exact.add_float(exact.neg(self.tail), t_max))
 
