@@ -27,9 +27,9 @@ Note [warm phase 3]
   what phase 2's tied dual took at that margin (at least 1 s); if it has not finished by then, it is
   interrupted (math_opt's interrupter, glop.Race) and the race of two runs as before: at worst phase 3 costs
   that head start more (64 x 8192: phase 3 15.1 s, the warm dual stopped at 1.7 s). On random-0 32 x 16384
-  the dual it ends on gives a safe bound 6e-7 below U (the cold race's: 1.3e-7), and the bound is then found
-  by _tighter_bound (the path windows, then the primal simplex from scratch: 6 s), about a second more than
-  the race took there.
+  the dual it ends on gives a safe bound 6e-7 below U (the cold race's: 1.3e-7; a primal feasibility
+  tolerance of 1e-10 for it did not change that), and the bound is then found by _tighter_bound (the path
+  windows, then the primal simplex from scratch: 6 s), about a second more than the race took there.
 
 Note [warm margins]
   Phase 2's tied primal often needs several margins on heterogeneous profiles (random-0 1F1B 32 x 512 and
@@ -40,9 +40,9 @@ Note [warm margins]
   it, the solve from scratch runs). Measured (1F1B, random-0, cap 0.9; fresh processes): 32 x 512 alternated,
   phase 2 18.9 s from scratch against 11.8 s carried, the solve 29.3 against 22.8 s; 32 x 16384, the runs
   just before and after the change, phase 2 19.1 against 13.2 s, the solve 33.0 against 27.3 s; the same
-  optima (phase 2 to 1e-13). Tried
-  before the safe bound was summed exactly (Note [bound rounding] in tfplan.fastlp.exact), the different
-  vertex it ends phase 2 on made phase 3's float64 L come out 2.4e-7 above U, and it was taken out.
+  optima (phase 2 to 1e-13). Tried before the safe bound was summed exactly (Note [bound rounding] in
+  tfplan.fastlp.exact), the different vertex it ends phase 2 on made phase 3's float64 L come out 2.4e-7
+  above U, and it was taken out.
 
 Note [LP tolerance]
   The plan is re-simulated, and its makespan should stay within the phase bound T1 (1 + 1e-9). A tied row
@@ -143,7 +143,7 @@ UNTIE_LIMIT = 20_000  # actions: up to here a plan past the bound is re-solved o
 SIM_TOL = 1.05e-9  # a plan's simulated makespan above T1 (1 + SIM_TOL) is re-solved (Note [LP tolerance])
 WARM_PARAMS = PLAN_PARAMS + LENIENT  # phase 3 from phase 2's basis: no presolve (GLOP needs that to use a basis)
 CARRIED_PARAMS = "use_preprocessing: false use_dual_simplex: true" + LENIENT  # Note [warm margins]
-DUAL_WARM_PARAMS = CARRIED_PARAMS + " primal_feasibility_tolerance: 1e-10"  # Note [warm phase 3]
+DUAL_WARM_PARAMS = CARRIED_PARAMS  # phase 3's tied dual from phase 2's (Note [warm phase 3])
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,22 +304,23 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
     phase 3), from `warm` when it is given (the last margin's point, Note [warm margins]), the primal simplex in
     phase 1, and in phase 3 the primal simplex from `warm`, phase 2's basis (Note [warm phase 3]), or without
     it both simplexes in a race (the first to finish interrupts the other). Returns the futures."""
+    def cold() -> LPResult | None:
+        if number == 3:
+            return _race(primal, exact, deadline)
+        return solve_lp(primal, not exact, deadline, number == 2, duals=exact, basis=number == 2)
+
     if warm is not None:
         def warm_job() -> LPResult | None:
             limit = None if deadline.limit_s is None else deadline.remaining()
             if number == 2:
                 result = solve_warm(primal, warm, CARRIED_PARAMS, limit, final_basis=True)
-                if result is not None or deadline.expired():
-                    return result
-                return solve_lp(primal, True, deadline, True, basis=True)
-            result = solve_warm(primal, warm, WARM_PARAMS, limit)
-            # A basis GLOP cannot use (or a failed solve): the race below, as without a basis.
-            return result if result is not None or deadline.expired() else _race(primal, exact, deadline)
+            else:
+                result = solve_warm(primal, warm, WARM_PARAMS, limit)
+            # A basis GLOP cannot use (or a failed solve): the solve from scratch, as without a basis.
+            return result if result is not None or deadline.expired() else cold()
 
         return [pool.submit(warm_job)]
-    if number == 3:
-        return [pool.submit(_race, primal, exact, deadline)]
-    return [pool.submit(solve_lp, primal, not exact, deadline, number == 2, duals=exact, basis=number == 2)]
+    return [pool.submit(cold)]
 
 
 def _race(lp: SparseLP, exact: bool, deadline: Deadline, warm: tuple[np.ndarray, np.ndarray] | None = None,
