@@ -585,24 +585,38 @@ def test_a_warm_dual_that_has_not_finished_in_its_head_start_gives_way_to_the_ra
     assert stalled == [1]
 
 
-def test_phase_2s_margins_start_from_the_last_margins_point(monkeypatch) -> None:
-    # Note [warm margins]: each grown margin's tied primal of phase 2 starts from the last margin's optimum,
-    # expanded (tied.carried_point: feasible, the same objective) with a square basis of its values
-    # (tied.basis_of_point). Same certified optima as from scratch.
-    from tfplan.fastlp.tied import basis_of_point
+def test_a_carried_point_keeps_its_rows_and_its_objective_at_a_larger_margin() -> None:
+    # tied.carried_point: phase 2's optimum at margin 2, expanded and tied again at margin 5, satisfies every
+    # row and bound of the larger tied primal with the same objective; tied.basis_of_point gives a square basis.
+    from tfplan.fastlp.tied import basis_of_point, carried_point
 
     dag = dag_mod.build(schedules.generate("1f1b", 8, 64), _random_profile(8, seed=2, p2p_ms=0.05))
-    carried = []
+    phase2 = _phase_lps(dag, 0.9, 1)[1][0]
+    g = GraphArrays.from_dag(dag)
+    runs = Runs.detect(g)
+    small, large = Compressed(g, runs.ties(g.n, (2, 2))), Compressed(g, runs.ties(g.n, (5, 5)))
+    assert small.ties.num_tied > large.ties.num_tied > 0
+    before = solve_glop(tied_primal(small, phase2), lp.GLOP_PARAMS)
+    primal = tied_primal(large, phase2)
+    x = carried_point(small, before.x, large)
+    activity = np.bincount(primal.ri, weights=primal.val * x[primal.ci], minlength=len(primal.row_lo))
+    tol = 1e-9 * np.maximum(1.0, np.abs(activity))
+    assert np.all(activity >= primal.row_lo - tol) and np.all(activity <= primal.row_hi + tol)
+    assert np.all(x >= primal.lb - 1e-12) and np.all(x <= primal.ub + 1e-12)
+    assert float(primal.obj @ x) == pytest.approx(before.objective, rel=1e-12)
+    cols, rows = basis_of_point(primal, x)
+    assert np.count_nonzero(cols == 5) + np.count_nonzero(rows == 5) == len(primal.row_lo)
+
+
+def test_phase_2s_margins_start_from_the_last_margins_point(monkeypatch) -> None:
+    # Note [warm margins]: each grown margin's tied primal of phase 2 starts from the last margin's optimum
+    # (tied.carried_point, tied.basis_of_point). Same certified optima as from scratch.
+    dag = dag_mod.build(schedules.generate("1f1b", 8, 64), _random_profile(8, seed=2, p2p_ms=0.05))
+    real, carried = phases.basis_of_point, []
 
     def spy(primal, x):
-        activity = np.bincount(primal.ri, weights=primal.val * x[primal.ci], minlength=len(primal.row_lo))
-        tol = 1e-7 * np.maximum(1.0, np.abs(activity))
-        assert np.all(activity >= primal.row_lo - tol) and np.all(activity <= primal.row_hi + tol)
-        assert np.all(x >= primal.lb - 1e-9) and np.all(x <= primal.ub + 1e-9)
-        cols, rows = basis = basis_of_point(primal, x)
-        assert np.count_nonzero(cols == 5) + np.count_nonzero(rows == 5) == len(primal.row_lo)
-        carried.append(float(primal.obj @ x))
-        return basis
+        carried.append(len(x))
+        return real(primal, x)
 
     monkeypatch.setattr(phases, "basis_of_point", spy)
     warm = _assert_agrees(dag, 0.9, margin=1)
