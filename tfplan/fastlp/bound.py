@@ -182,7 +182,10 @@ class Windows:
         # All ranks' chains in one prefix sum; a rank's own sums are its entries minus the sum before it.
         through = exact.prefix(exact.add_float(d, lag))
         counts = hi - lo
-        each = lambda x: (np.repeat(x[0], counts), np.repeat(x[1], counts))  # noqa: E731 (per rank -> per node)
+
+        def each(x):  # per rank -> per node
+            return np.repeat(x[0], counts), np.repeat(x[1], counts)
+
         base = each((np.where(lo > 0, through[0][lo - 1], 0.0), np.where(lo > 0, through[1][lo - 1], 0.0)))
         head = exact.add(exact.add(through, exact.neg(d)), exact.neg(base))
         after = np.zeros(n)
@@ -234,7 +237,7 @@ def safe_lower_bound(g: GraphArrays, phase: Phase, dual: FullDual, windows: Wind
         for f in (-rho, -dual.sigma[st[frz]], -p):
             at_r = exact.add_float(at_r, f)
         # mu_s: cost 0, u = 1; its column sums |A_s| sigma_s and the p of its stage's deviation rows.
-        at_mu = exact.add(two_prod(size, dual.sigma), _stage_sums(st[frz], p, S))
+        at_mu = exact.add(two_prod(size, dual.sigma), _stage_sums(g, p, S))
         bound = exact.add(bound, exact.neg(exact.total(exact.where((size > 0) & exact.positive(at_mu), at_mu))))
         e_excess = two_sum(p, -2.0)  # e_a: cost 2, u = 1
         bound = exact.add(bound, exact.neg(exact.total(exact.where(exact.positive(e_excess), e_excess))))
@@ -257,13 +260,15 @@ def _flows(g: GraphArrays, y: np.ndarray, kappa: np.ndarray):
     return into, out
 
 
-def _stage_sums(stage: np.ndarray, values: np.ndarray, num_stages: int):
-    """The sum of `values` per stage, as pairs."""
+def _stage_sums(g: GraphArrays, values: np.ndarray, num_stages: int):
+    """The sum of `values` (one per action of a freeze group, in node order) per stage, as pairs; the actions'
+    order by stage is kept in g.memo."""
+    if "stage_order" not in g.memo:
+        stage = g.stage[g.frz]
+        order = np.argsort(stage, kind="stable")
+        g.memo["stage_order"] = (order, np.searchsorted(stage[order], np.arange(num_stages + 1)))
+    order, bounds = g.memo["stage_order"]
     hi, lo = np.zeros(num_stages), np.zeros(num_stages)
-    order = np.argsort(stage, kind="stable")
-    bounds = np.searchsorted(stage[order], np.arange(num_stages + 1))
     for s in range(num_stages):
         hi[s], lo[s] = exact.total(exact.pair(values[order[bounds[s]:bounds[s + 1]]]))
     return hi, lo
-
-
