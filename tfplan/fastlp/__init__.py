@@ -19,6 +19,8 @@ The files, in reading order (each imports only those above it):
               windows that tighten it (Windows);
   margins.py  the margin schedule: how many periods of each run stay untied, phase by phase (Margins);
   glop.py     GLOP on a SparseLP, its parameters, and the race of two simplex methods (solve_glop, solve_lp);
+  refine.py   a GLOP point recomputed from its basis with scipy's sparse LU, when scipy is there (Note [refined
+              duals]: the tied duals' rows then hold to rounding, not to GLOP's tolerance);
   phases.py   the solve itself: the three phases, each certified by U - L, the time limit, and the plan
               (solve; Note [LP tolerance]);
   goodput.py  the goodput objective on the same compressed LP (solve_goodput; Notes [goodput LP],

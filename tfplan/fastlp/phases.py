@@ -107,6 +107,7 @@ from tfplan.fastlp.glop import (
 )
 from tfplan.fastlp.graph import FIRST_MARGIN, GraphArrays, Runs, Ties
 from tfplan.fastlp.margins import Margins
+from tfplan.fastlp.refine import refined
 from tfplan.fastlp.tied import (
     INF,
     Compressed,
@@ -288,7 +289,8 @@ def _tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResul
         # Phase 3's dual came from a race: now the simplex that lost it (the same LP by the same method would
         # give the same point).
         other = None if lower is None or lower.dual_simplex is None else not lower.dual_simplex
-        again = solve_lp(tied_dual(c, phase), True, deadline, bool(other), precise=other is None)
+        dual_lp = tied_dual(c, phase)
+        again = refined(dual_lp, solve_lp(dual_lp, True, deadline, bool(other), precise=other is None, basis=True))
         fresh = None
         if again is not None:  # the cheap windows first: the tight ones cost seconds at a million actions
             fresh = _lower_bound(c, phase, primal, upper, again, margins.chain_windows())
@@ -324,16 +326,16 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
 
 
 def _race(lp: SparseLP, exact: bool, deadline: Deadline, warm: tuple[np.ndarray, np.ndarray] | None = None,
-          head_start_s: float = 0.0) -> LPResult | None:
+          head_start_s: float = 0.0, basis: bool = False) -> LPResult | None:
     """Phase 3's tied primal (or tied dual) by the primal and the dual simplex at once: the first result
     interrupts the other. With `warm` (phase 3's tied dual: dual.phase3_dual_basis, Note [warm phase 3]) the
     dual simplex from that basis first, alone; if it has no result within head_start_s seconds, it is
-    interrupted and the race runs as without it."""
+    interrupted and the race runs as without it. basis: return the optimal basis too (LPResult.basis)."""
     if warm is not None:
         alone = Race()
         with ThreadPoolExecutor(max_workers=1) as pool:
             limit = None if deadline.limit_s is None else deadline.remaining()
-            future = pool.submit(solve_warm, lp, warm, DUAL_WARM_PARAMS, limit, race=alone)
+            future = pool.submit(solve_warm, lp, warm, DUAL_WARM_PARAMS, limit, final_basis=basis, race=alone)
             try:
                 result = future.result(timeout=head_start_s)
             except TimeoutError:
@@ -344,7 +346,7 @@ def _race(lp: SparseLP, exact: bool, deadline: Deadline, warm: tuple[np.ndarray,
     race = Race()
     with ThreadPoolExecutor(max_workers=1) as other:
         def job(dual_simplex: bool) -> LPResult | None:
-            result = solve_lp(lp, not exact, deadline, dual_simplex, duals=exact, race=race)
+            result = solve_lp(lp, not exact, deadline, dual_simplex, duals=exact, race=race, basis=basis)
             if result is not None:
                 race.finish()
                 result = replace(result, dual_simplex=dual_simplex)
@@ -406,15 +408,23 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                         and all(np.array_equal(a, b) for a, b in zip(before.dual[0], margins.dual)):
                     dual_warm = phase3_dual_basis(before.dual[1].basis, dual_lp)
                 head_start = 0.0 if dual_warm is None else max(1.0, 0.5 * before.dual[1].wall_s)
-                lower = _race(dual_lp, False, deadline, dual_warm, head_start) if phase.number == 3 else \
-                    solve_lp(dual_lp, True, deadline, basis=phase.number == 2)
+                lower = _race(dual_lp, False, deadline, dual_warm, head_start, basis=True) if phase.number == 3 \
+                    else solve_lp(dual_lp, True, deadline, basis=True)
+                lower = refined(dual_lp, lower)  # Note [refined duals]
                 iterations += lower.iterations if lower else 0
+                # The tied dual's bound needs no U: computed while the primal may still run, and where it is
+                # short of GLOP's own value by more than the tolerance, so are the path windows that
+                # _tighter_bound will want (seconds at a million actions, otherwise spent after the primal).
+                bound = max(best_lower, _lower_bound(c_dual, phase, primal, None, lower, margins.chain_windows()))
+                if lower is not None and solve_p and not all(job.done() for job in upper_jobs) \
+                        and lower.objective - bound > gap_tol(phase.number) * max(1.0, abs(lower.objective)):
+                    margins.path_windows()
             if solve_p:
                 upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
                             key=lambda r: r.objective)
                 iterations += upper.iterations if upper else 0
                 carried = None if upper is None else (upper, c)
-            if exact or solve_d:  # any earlier round's bound holds for this phase too
+            if exact:  # the untied primal's own row duals
                 bound = max(best_lower, _lower_bound(c_dual, phase, primal, upper, lower, margins.chain_windows()))
             gap = upper.objective - bound if upper else INF
             scale = max(1.0, abs(upper.objective)) if upper else 1.0

@@ -87,12 +87,13 @@ class Compressed:
         sizes = np.zeros(0, dtype=np.int64)
         if len(t):
             span = ties.off[v[t]] - ties.off[u[t]]
-            lag_id = np.unique(g.row_lag[t], return_inverse=True)[1].ravel()
+            if "lag_id" not in g.memo:  # the same for every compression of g
+                g.memo["lag_id"] = np.unique(g.row_lag, return_inverse=True)[1].ravel()
+            lag_id = g.memo["lag_id"][t]
             nrun, nspan, nlag = ties.num_runs, int(span.max() - span.min()) + 1, int(lag_id.max()) + 1
             assert float(nrun) * nrun * nspan * nlag < 2.0**62, "fastlp: group key overflows"
             key = ((run_u[t] * nrun + run_v[t]) * nspan + (span - span.min())) * nlag + lag_id
-            _, inv, sizes = np.unique(key, return_inverse=True, return_counts=True)
-            group[t] = inv.ravel()
+            group[t], sizes = _dense_ids(key)
         rest = np.flatnonzero(~tied_row)  # every other row is a group of its own
         group[rest] = len(sizes) + np.arange(len(rest))
         self.row_group = group
@@ -108,6 +109,19 @@ class Compressed:
         self.memo: dict[str, object] = {}
         """What the LPs of every phase derive from this compression alone (tfplan.fastlp.dual: the tied dual's
         incidence and its distinct rows), kept because phases 2 and 3 (and a dual's later rounds) share it."""
+
+
+def _dense_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(key, return_inverse=True, return_counts=True)[1:] for non-negative int keys: by counting when
+    the keys' range is small (a few runs' worth: 0.15 s against 0.6 s for np.unique's sort at a million actions)."""
+    top = int(key.max()) + 1
+    if top > 8 * len(key) + 4096:
+        _, inv, sizes = np.unique(key, return_inverse=True, return_counts=True)
+        return inv.ravel(), sizes
+    counts = np.bincount(key, minlength=top)
+    present = counts > 0
+    ids = np.cumsum(present, dtype=np.int64) - 1
+    return ids[key], counts[present]
 
 
 def tied_primal(c: Compressed, phase: Phase) -> SparseLP:
