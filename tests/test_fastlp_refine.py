@@ -92,3 +92,54 @@ def test_without_scipy_or_a_usable_basis_the_result_comes_back_unchanged(monkeyp
     assert refined(dual, replace(result, basis=not_square)).x is result.x
     monkeypatch.setitem(sys.modules, "scipy.sparse.linalg", None)  # as if scipy were not installed
     assert refined(dual, result).x is result.x
+
+
+def test_a_solve_whose_duals_are_off_their_bases_is_certified_by_refining_them(monkeypatch) -> None:
+    # phases._dual_bound: a tied dual whose safe bound falls short of GLOP's own value is refined (here every
+    # tied dual comes back with noise of 1e-7 on its basic columns, as if GLOP's tolerances had left it
+    # there); the refined bound certifies each phase at the margins of a clean solve, without the path windows
+    # or a second dual solve, and with the same optima.
+    from tfplan import fastlp
+    from tfplan.fastlp import phases
+
+    dag = dag_mod.build(schedules.generate("1f1b", 6, 240), _random_profile(6, seed=21, p2p_ms=0.05))
+    clean = fastlp.solve(dag, 0.9)
+    rng = np.random.default_rng(1)
+    real_lp, real_race, real_refined = phases.solve_lp, phases._race, phases.refined
+    calls = {"noisy": 0, "refined": 0, "tighter": 0}
+
+    def noisy(result):
+        if result is None or result.basis is None:
+            return result
+        calls["noisy"] += 1
+        basic = result.basis[0] == BASIC
+        x = result.x.copy()
+        x[basic] += rng.uniform(0.0, 1e-7, int(basic.sum()))
+        return replace(result, x=x)
+
+    def solve_lp(lp_, *args, **kwargs):
+        result = real_lp(lp_, *args, **kwargs)
+        return noisy(result) if lp_.maximize else result
+
+    def race(lp_, *args, **kwargs):
+        result = real_race(lp_, *args, **kwargs)
+        return noisy(result) if lp_.maximize else result
+
+    def counted(lp_, result):
+        calls["refined"] += 1
+        return real_refined(lp_, result)
+
+    def tighter(*args, **kwargs):
+        calls["tighter"] += 1
+        raise AssertionError("the refined dual should certify without _tighter_bound")
+
+    monkeypatch.setattr(phases, "solve_lp", solve_lp)
+    monkeypatch.setattr(phases, "_race", race)
+    monkeypatch.setattr(phases, "refined", counted)
+    monkeypatch.setattr(phases, "_tighter_bound", tighter)
+    sol = fastlp.solve(dag, 0.9)
+    assert sol.status == "OPTIMAL" and calls["noisy"] >= 3 and calls["refined"] == calls["noisy"]
+    for got, want in zip(sol.phases, clean.phases):
+        assert got.objective == pytest.approx(want.objective, rel=lp.gap_tol(3))
+    assert [p.objective for p in sol.phases[:2]] == pytest.approx([p.objective for p in clean.phases[:2]],
+                                                                   rel=1e-9)

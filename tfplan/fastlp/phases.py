@@ -28,8 +28,9 @@ Note [warm phase 3]
   interrupted (math_opt's interrupter, glop.Race) and the race of two runs as before: at worst phase 3 costs
   that head start more (64 x 8192: phase 3 15.1 s, the warm dual stopped at 1.7 s). On random-0 32 x 16384
   the dual it ends on gives a safe bound 6e-7 below U (the cold race's: 1.3e-7; a primal feasibility
-  tolerance of 1e-10 for it did not change that), and the bound is then found by _tighter_bound (the path
-  windows, then the primal simplex from scratch: 6 s), about a second more than the race took there.
+  tolerance of 1e-10 for it did not change that), which took _tighter_bound (the path windows, then the
+  primal simplex from scratch: 6 s); recomputed from its basis (Note [refined duals] in
+  tfplan.fastlp.refine) the same dual's bound is 8.6e-8 below U, and phase 3 took 4.1 s in all.
 
 Note [warm margins]
   Phase 2's tied primal often needs several margins on heterogeneous profiles (random-0 1F1B 32 x 512 and
@@ -62,9 +63,12 @@ Note [LP tolerance]
   bound within the gap tolerance (the whole solve: 46 s before the race, 31 s with it); the tied duals of
   phases 1-2 keep the primal simplex (the dual simplex was slower there on every instance). Precision is
   bought only where it is missing: every safe bound L uses the cheap start-time windows of each rank's
-  chain; one that misses the gap tolerance (lp.gap_tol) while GLOP's own dual value comes within SANE_GAP of
-  U is recomputed with the longest-path windows, then from a dual solved again, more precisely or by the
-  other simplex (_tighter_bound, bound: at a million actions GLOP's own dual value is no better than 3e-8);
+  chain; a tied dual whose bound falls short of its own value by more than the gap tolerance (lp.gap_tol)
+  is recomputed from its basis (_dual_bound, Note [refined duals]: tens of ms), and the path windows are
+  built while the primal still runs if it is still short; one that misses the gap tolerance while GLOP's
+  own dual value comes within SANE_GAP of U is recomputed with the longest-path windows, then from a dual
+  solved again, more precisely or by the other simplex (_tighter_bound, bound: at a million actions GLOP's
+  own dual value is no better than 3e-8);
   a gap U - L that misses it by a little (up to SANE_GAP) is re-tried with the tied primal polished by PLAN_PARAMS
   (a presolved U once came out 1.4e-9 relative above the optimum); and a plan past T1 (or the target)
   (1 + SIM_TOL) or past phase 3's total-freeze row (the dual simplex with presolve once returned a point 2x
@@ -266,6 +270,29 @@ def _lower_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult 
     return safe_lower_bound(c.g, phase, dual, windows)
 
 
+def _dual_bound(c: Compressed, phase: Phase, lp: SparseLP, lower: LPResult | None, margins: Margins,
+                primal_running: bool) -> tuple[LPResult | None, float]:
+    """The safe bound of a tied dual's solution with the chains' windows (it needs no U, so it is computed while
+    the primal may still run). Where it falls short of GLOP's own value by more than the gap tolerance: the
+    same from the point recomputed on its basis (Note [refined duals]), the better kept; and if still short
+    while the primal runs, the path windows that _tighter_bound will want are built now (seconds at a million
+    actions, otherwise spent after the primal). Returns the dual kept and its bound."""
+    if lower is None:
+        return None, -INF
+    assert c.ties.num_tied, "an untied primal certifies itself"
+    tol = gap_tol(phase.number) * max(1.0, abs(lower.objective))
+    bound = safe_lower_bound(c.g, phase, from_tied_dual(c, phase, lower.x), margins.chain_windows())
+    if lower.objective - bound > tol:
+        again = refined(lp, lower)
+        if again is not lower:
+            fresh = safe_lower_bound(c.g, phase, from_tied_dual(c, phase, again.x), margins.chain_windows())
+            log.debug("phase %d: safe bound %s, from the refined dual %s", phase.number, bound, fresh)
+            lower, bound = (again, fresh) if fresh > bound else (lower, bound)
+        if lower.objective - bound > tol and primal_running:
+            margins.path_windows()
+    return lower, bound
+
+
 def _tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult, lower: LPResult | None,
                    bound: float, margins: Margins, deadline: Deadline) -> tuple[float, int]:
     """When GLOP's own dual value comes within SANE_GAP of U but the safe bound misses the gap tolerance: the same
@@ -410,15 +437,10 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                 head_start = 0.0 if dual_warm is None else max(1.0, 0.5 * before.dual[1].wall_s)
                 lower = _race(dual_lp, False, deadline, dual_warm, head_start, basis=True) if phase.number == 3 \
                     else solve_lp(dual_lp, True, deadline, basis=True)
-                lower = refined(dual_lp, lower)  # Note [refined duals]
                 iterations += lower.iterations if lower else 0
-                # The tied dual's bound needs no U: computed while the primal may still run, and where it is
-                # short of GLOP's own value by more than the tolerance, so are the path windows that
-                # _tighter_bound will want (seconds at a million actions, otherwise spent after the primal).
-                bound = max(best_lower, _lower_bound(c_dual, phase, primal, None, lower, margins.chain_windows()))
-                if lower is not None and solve_p and not all(job.done() for job in upper_jobs) \
-                        and lower.objective - bound > gap_tol(phase.number) * max(1.0, abs(lower.objective)):
-                    margins.path_windows()
+                running = solve_p and not all(job.done() for job in upper_jobs)
+                lower, fresh = _dual_bound(c_dual, phase, dual_lp, lower, margins, running)
+                bound = max(best_lower, fresh)
             if solve_p:
                 upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
                             key=lambda r: r.objective)
