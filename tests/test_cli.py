@@ -568,3 +568,31 @@ def test_profile_analytic_bad_names(tmp_path) -> None:
         assert result.exit_code == 1 and result.stderr.startswith("error: "), result.stderr
         assert message in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cli_keeps_large_allocations_on_the_heap() -> None:
+    # cli.MMAP_THRESHOLD: after _keep_heap_pages, a 64 MB numpy array comes from glibc's heap, not from a fresh
+    # mapping (glibc's mallinfo2 counts mapped blocks in hblks). In a child process: the setting is per process.
+    code = """
+import ctypes, sys
+import numpy as np
+from tfplan import cli
+libc = ctypes.CDLL(None)
+if not hasattr(libc, "mallinfo2"):
+    print("skip"); sys.exit(0)
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+def mapped_with(array_bytes):
+    before = libc.mallinfo2().hblks
+    a = np.ones(array_bytes // 8)
+    return libc.mallinfo2().hblks - before
+print(mapped_with(64 << 20), end=" ")
+cli._keep_heap_pages()
+print(mapped_with(64 << 20))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    if out.strip() == "skip":
+        pytest.skip("not glibc >= 2.33 (no mallinfo2)")
+    assert out.split() == ["1", "0"]  # mapped by default, from the heap once the threshold is raised

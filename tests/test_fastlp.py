@@ -21,7 +21,7 @@ from tests.conftest import PROFILES
 from tfplan import dag as dag_mod
 from tfplan import fastlp, lp, profile, schedules, solver
 from tfplan.errors import TfplanError
-from tfplan.fastlp import phases
+from tfplan.fastlp import glop, phases
 from tfplan.fastlp.dual import tied_dual
 from tfplan.fastlp.glop import solve_glop
 from tfplan.fastlp.graph import GraphArrays, Runs
@@ -527,10 +527,12 @@ def test_phase_3_from_phase_2s_basis_finds_the_same_optimum(monkeypatch) -> None
         return real(primal, basis, params, limit, **kwargs)
 
     monkeypatch.setattr(phases, "solve_warm", spy)
+    monkeypatch.setattr(glop, "solve_warm", spy)  # (glop.race's warm dual)
     warm = _assert_agrees(dag, 0.9)
     assert used.count(phases.WARM_PARAMS) == 1  # (phase 2's later margins start from a point: CARRIED_PARAMS)
-    assert used.count(phases.DUAL_WARM_PARAMS) == 1  # and phase 3's tied dual from phase 2's
-    monkeypatch.setattr(phases, "solve_warm", lambda *args, **kwargs: None)  # as if GLOP could not start from it
+    assert used.count(glop.DUAL_WARM_PARAMS) == 1  # and phase 3's tied dual from phase 2's
+    for module in (phases, glop):  # as if GLOP could not start from either
+        monkeypatch.setattr(module, "solve_warm", lambda *args, **kwargs: None)
     cold = fastlp.solve(dag, 0.9)
     assert cold.status == "OPTIMAL"
     assert warm.phases[2].objective == pytest.approx(cold.phases[2].objective, rel=PHASE3_REL, abs=1e-7)
@@ -569,10 +571,10 @@ def test_a_warm_dual_that_has_not_finished_in_its_head_start_gives_way_to_the_ra
     import time as time_mod
 
     dag = dag_mod.build(schedules.generate("1f1b", 6, 240), _random_profile(6, seed=21, p2p_ms=0.05))
-    real, stalled = phases.solve_warm, []
+    real, stalled = glop.solve_warm, []
 
     def stall(primal, basis, params, limit=None, **kwargs):
-        if params != phases.DUAL_WARM_PARAMS:
+        if params != glop.DUAL_WARM_PARAMS:
             return real(primal, basis, params, limit, **kwargs)
         race = kwargs["race"]
         while not race.over:  # a slow warm start, until it is interrupted
@@ -580,7 +582,7 @@ def test_a_warm_dual_that_has_not_finished_in_its_head_start_gives_way_to_the_ra
         stalled.append(1)
         return None
 
-    monkeypatch.setattr(phases, "solve_warm", stall)
+    monkeypatch.setattr(glop, "solve_warm", stall)  # glop.race's
     _assert_agrees(dag, 0.9)
     assert stalled == [1]
 
@@ -654,14 +656,14 @@ def test_the_time_limit_keeps_back_the_time_to_make_the_plan(monkeypatch) -> Non
 
 @pytest.mark.parametrize("maximize", [False, True])
 def test_a_race_keeps_the_better_optimum_and_says_which_simplex_gave_it(monkeypatch, maximize: bool) -> None:
-    # phases._race runs the primal and the dual simplex; when both finish it keeps the smaller value of a tied
+    # glop.race runs the primal and the dual simplex; when both finish it keeps the smaller value of a tied
     # primal and the larger value of a tied dual (a better bound either way), and records the winner's method.
     from tfplan.fastlp.glop import LPResult
 
     def fake_solve_lp(lp, tied, deadline, dual_simplex=False, **kwargs):
         return LPResult(objective=2.0 if dual_simplex else 1.0, x=np.zeros(1), iterations=1, wall_s=0.0)
 
-    monkeypatch.setattr(phases, "solve_lp", fake_solve_lp)
+    monkeypatch.setattr(glop, "solve_lp", fake_solve_lp)
     lp_ = SimpleNamespace(maximize=maximize)
-    got = phases._race(lp_, False, lp.Deadline(limit_s=None))
+    got = glop.race(lp_, False, lp.Deadline(limit_s=None))
     assert (got.objective, got.dual_simplex) == ((2.0, True) if maximize else (1.0, False))

@@ -95,17 +95,17 @@ def test_without_scipy_or_a_usable_basis_the_result_comes_back_unchanged(monkeyp
 
 
 def test_a_solve_whose_duals_are_off_their_bases_is_certified_by_refining_them(monkeypatch) -> None:
-    # phases._dual_bound: a tied dual whose safe bound falls short of GLOP's own value is refined (here every
+    # lower.dual_bound: a tied dual whose safe bound falls short of GLOP's own value is refined (here every
     # tied dual comes back with noise of 1e-7 on its basic columns, as if GLOP's tolerances had left it
     # there); the refined bound certifies each phase at the margins of a clean solve, without the path windows
     # or a second dual solve, and with the same optima.
     from tfplan import fastlp
-    from tfplan.fastlp import phases
+    from tfplan.fastlp import lower, phases
 
     dag = dag_mod.build(schedules.generate("1f1b", 6, 240), _random_profile(6, seed=21, p2p_ms=0.05))
     clean = fastlp.solve(dag, 0.9)
     rng = np.random.default_rng(1)
-    real_lp, real_race, real_refined = phases.solve_lp, phases._race, phases.refined
+    real_lp, real_race, real_refined = phases.solve_lp, phases.race, lower.refined
     calls = {"noisy": 0, "refined": 0, "tighter": 0}
 
     def noisy(result):
@@ -131,12 +131,12 @@ def test_a_solve_whose_duals_are_off_their_bases_is_certified_by_refining_them(m
 
     def tighter(*args, **kwargs):
         calls["tighter"] += 1
-        raise AssertionError("the refined dual should certify without _tighter_bound")
+        raise AssertionError("the refined dual should certify without tighter_bound")
 
     monkeypatch.setattr(phases, "solve_lp", solve_lp)
-    monkeypatch.setattr(phases, "_race", race)
-    monkeypatch.setattr(phases, "refined", counted)
-    monkeypatch.setattr(phases, "_tighter_bound", tighter)
+    monkeypatch.setattr(phases, "race", race)
+    monkeypatch.setattr(lower, "refined", counted)
+    monkeypatch.setattr(phases, "tighter_bound", tighter)
     sol = fastlp.solve(dag, 0.9)
     assert sol.status == "OPTIMAL" and calls["noisy"] >= 3 and calls["refined"] == calls["noisy"]
     for got, want in zip(sol.phases, clean.phases):

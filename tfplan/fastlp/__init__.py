@@ -18,9 +18,12 @@ The files, in reading order (each imports only those above it):
   bound.py    the safe lower bound L from any dual vector of the full LP (weak duality), and the start-time
               windows that tighten it (Windows);
   margins.py  the margin schedule: how many periods of each run stay untied, phase by phase (Margins);
-  glop.py     GLOP on a SparseLP, its parameters, and the race of two simplex methods (solve_glop, solve_lp);
+  glop.py     GLOP on a SparseLP, its parameters, warm starts from a basis, and the race of two simplex methods
+              (solve_glop, solve_lp, solve_warm, race);
   refine.py   a GLOP point recomputed from its basis with scipy's sparse LU, when scipy is there (Note [refined
               duals]: the tied duals' rows then hold to rounding, not to GLOP's tolerance);
+  lower.py    a phase's lower bound L from its tied dual: the safe bound, refined and tightened where it falls
+              short of GLOP's own value (dual_bound, tighter_bound);
   phases.py   the solve itself: the three phases, each certified by U - L, the time limit, and the plan
               (solve; Note [LP tolerance]);
   goodput.py  the goodput objective on the same compressed LP (solve_goodput; Notes [goodput LP],

@@ -12,7 +12,8 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 
 import numpy as np
 from google.protobuf import text_format
@@ -31,6 +32,9 @@ RETRY_PARAMS = "primal_feasibility_tolerance: 1e-12"
 DUAL_PARAMS = " dual_feasibility_tolerance: 1e-10"  # an untied primal whose duals must certify it (fastlp)
 TIGHT_COLUMNS = 4000  # bound LPs up to this size get lp.GLOP_PARAMS (cheap there; Note [LP tolerance])
 LENIENT = " change_status_to_imprecise: false"  # a tied LP only needs a feasible point (_solve_lp)
+WARM_PARAMS = PLAN_PARAMS + LENIENT  # phase 3 from phase 2's basis: no presolve (GLOP needs that to use a basis)
+CARRIED_PARAMS = "use_preprocessing: false use_dual_simplex: true" + LENIENT  # Note [warm margins] (phases)
+DUAL_WARM_PARAMS = CARRIED_PARAMS  # phase 3's tied dual from phase 2's (Note [warm phase 3] in phases)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,3 +294,37 @@ def solve_lp(lp: SparseLP, tied: bool, deadline: Deadline, dual_simplex: bool = 
         if result is not None or (race is not None and race.over):
             return result
     return None
+
+
+def race(lp: SparseLP, exact: bool, deadline: Deadline, warm: tuple[np.ndarray, np.ndarray] | None = None,
+         head_start_s: float = 0.0, basis: bool = False) -> LPResult | None:
+    """Phase 3's tied primal (or tied dual) by the primal and the dual simplex at once: the first result
+    interrupts the other (Note [LP tolerance] in tfplan.fastlp.phases). With `warm` (phase 3's tied dual:
+    dual.phase3_dual_basis, Note [warm phase 3] there) the dual simplex from that basis first, alone; if it has
+    no result within head_start_s seconds, it is interrupted and the race runs as without it. basis: return
+    the optimal basis too (LPResult.basis)."""
+    if warm is not None:
+        alone = Race()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            limit = None if deadline.limit_s is None else deadline.remaining()
+            future = pool.submit(solve_warm, lp, warm, DUAL_WARM_PARAMS, limit, final_basis=basis, race=alone)
+            try:
+                result = future.result(timeout=head_start_s)
+            except TimeoutError:
+                alone.finish()
+                result = future.result()
+        if result is not None:  # (an interrupted solve has none)
+            return replace(result, dual_simplex=True)
+    contest = Race()
+    with ThreadPoolExecutor(max_workers=1) as other:
+        def job(dual_simplex: bool) -> LPResult | None:
+            result = solve_lp(lp, not exact, deadline, dual_simplex, duals=exact, race=contest, basis=basis)
+            if result is not None:
+                contest.finish()
+                result = replace(result, dual_simplex=dual_simplex)
+            return result
+
+        dual = other.submit(job, True)
+        results = [r for r in (job(False), dual.result()) if r is not None]
+    # Both may finish: keep the better optimum (a tied primal's smaller U, a tied dual's larger value).
+    return max(results, default=None, key=lambda r: r.objective if lp.maximize else -r.objective)

@@ -28,7 +28,7 @@ Note [warm phase 3]
   interrupted (math_opt's interrupter, glop.Race) and the race of two runs as before: at worst phase 3 costs
   that head start more (64 x 8192: phase 3 15.1 s, the warm dual stopped at 1.7 s). On random-0 32 x 16384
   the dual it ends on gives a safe bound 6e-7 below U (the cold race's: 1.3e-7; a primal feasibility
-  tolerance of 1e-10 for it did not change that), which took _tighter_bound (the path windows, then the
+  tolerance of 1e-10 for it did not change that), which took lower.tighter_bound (the path windows, then the
   primal simplex from scratch: 6 s); recomputed from its basis (Note [refined duals] in
   tfplan.fastlp.refine) the same dual's bound is 8.6e-8 below U, and phase 3 took 4.1 s in all.
 
@@ -64,10 +64,10 @@ Note [LP tolerance]
   phases 1-2 keep the primal simplex (the dual simplex was slower there on every instance). Precision is
   bought only where it is missing: every safe bound L uses the cheap start-time windows of each rank's
   chain; a tied dual whose bound falls short of its own value by more than the gap tolerance (lp.gap_tol)
-  is recomputed from its basis (_dual_bound, Note [refined duals]: tens of ms), and the path windows are
+  is recomputed from its basis (lower.dual_bound, Note [refined duals]: tens of ms), and the path windows are
   built while the primal still runs if it is still short; one that misses the gap tolerance while GLOP's
   own dual value comes within SANE_GAP of U is recomputed with the longest-path windows, then from a dual
-  solved again, more precisely or by the other simplex (_tighter_bound, bound: at a million actions GLOP's
+  solved again, more precisely or by the other simplex (lower.tighter_bound, bound: at a million actions GLOP's
   own dual value is no better than 3e-8);
   a gap U - L that misses it by a little (up to SANE_GAP) is re-tried with the tied primal polished by PLAN_PARAMS
   (a presolved U once came out 1.4e-9 relative above the optimum); and a plan past T1 (or the target)
@@ -89,29 +89,28 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from tfplan.dag import Dag
 from tfplan.errors import TfplanError
-from tfplan.fastlp.bound import Windows, from_primal_duals, from_tied_dual, safe_lower_bound
 from tfplan.fastlp.dual import phase3_dual_basis, tied_dual
 from tfplan.fastlp.glop import (
-    DUAL_PARAMS,
-    LENIENT,
+    CARRIED_PARAMS,
     PLAN_PARAMS,
     RETRY_PARAMS,
+    WARM_PARAMS,
     LPResult,
-    Race,
+    race,
     release_freed_memory,
     solve_glop,
     solve_lp,
     solve_warm,
 )
 from tfplan.fastlp.graph import FIRST_MARGIN, GraphArrays, Runs, Ties
+from tfplan.fastlp.lower import dual_bound, lower_bound, tighter_bound
 from tfplan.fastlp.margins import Margins
-from tfplan.fastlp.refine import refined
 from tfplan.fastlp.tied import (
     INF,
     Compressed,
@@ -146,9 +145,6 @@ SANE_GAP = 1e-6  # a gap U - L above the tolerance up to this (relative) is firs
 NEG_GAP = 1e-7  # U < L by more than this (relative) means a solve went wrong (L <= U by weak duality): grow
 UNTIE_LIMIT = 20_000  # actions: up to here a plan past the bound is re-solved on the full LP
 SIM_TOL = 1.05e-9  # a plan's simulated makespan above T1 (1 + SIM_TOL) is re-solved (Note [LP tolerance])
-WARM_PARAMS = PLAN_PARAMS + LENIENT  # phase 3 from phase 2's basis: no presolve (GLOP needs that to use a basis)
-CARRIED_PARAMS = "use_preprocessing: false use_dual_simplex: true" + LENIENT  # Note [warm margins]
-DUAL_WARM_PARAMS = CARRIED_PARAMS  # phase 3's tied dual from phase 2's (Note [warm phase 3])
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,78 +251,6 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
     )
 
 
-def _lower_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult | None, lower: LPResult | None,
-                 windows: Windows | None = None) -> float:
-    """The safe lower bound L of tfplan.fastlp.bound from the tied dual's solution or, untied, the primal's own duals;
-    -inf without a solution."""
-    if c.ties.num_tied == 0:
-        if upper is None or upper.duals is None:
-            return -INF
-        dual = from_primal_duals(c, phase, primal, upper.duals)
-    elif lower is None:
-        return -INF
-    else:
-        dual = from_tied_dual(c, phase, lower.x)
-    return safe_lower_bound(c.g, phase, dual, windows)
-
-
-def _dual_bound(c: Compressed, phase: Phase, lp: SparseLP, lower: LPResult | None, margins: Margins,
-                primal_running: bool) -> tuple[LPResult | None, float]:
-    """The safe bound of a tied dual's solution with the chains' windows (it needs no U, so it is computed while
-    the primal may still run). Where it falls short of GLOP's own value by more than the gap tolerance: the
-    same from the point recomputed on its basis (Note [refined duals]), the better kept; and if still short
-    while the primal runs, the path windows that _tighter_bound will want are built now (seconds at a million
-    actions, otherwise spent after the primal). Returns the dual kept and its bound."""
-    if lower is None:
-        return None, -INF
-    assert c.ties.num_tied, "an untied primal certifies itself"
-    tol = gap_tol(phase.number) * max(1.0, abs(lower.objective))
-    bound = safe_lower_bound(c.g, phase, from_tied_dual(c, phase, lower.x), margins.chain_windows())
-    if lower.objective - bound > tol:
-        again = refined(lp, lower)
-        if again is not lower:
-            fresh = safe_lower_bound(c.g, phase, from_tied_dual(c, phase, again.x), margins.chain_windows())
-            log.debug("phase %d: safe bound %s, from the refined dual %s", phase.number, bound, fresh)
-            lower, bound = (again, fresh) if fresh > bound else (lower, bound)
-        if lower.objective - bound > tol and primal_running:
-            margins.path_windows()
-    return lower, bound
-
-
-def _tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult, lower: LPResult | None,
-                   bound: float, margins: Margins, deadline: Deadline) -> tuple[float, int]:
-    """When GLOP's own dual value comes within SANE_GAP of U but the safe bound misses the gap tolerance: the same
-    dual vector with the longest-path windows (bound.Windows; the chains' are already in `bound`), then, if that
-    is not enough, a dual solved again: in phases 1-2 more precisely, in phase 3 (whose tied dual two simplexes
-    race for) by the one that lost the race. Measured on 1F1B 32 x 16384 (random-0 profile) phase 3, where a
-    tied row stands for up to 16,000 actions (exact sums, Note [bound rounding]): GLOP's own dual value came
-    3.3e-8 (relative) below U, the safe bound from the same dual 1.3e-7 below with the chains' windows and
-    3.6e-8 with the longest paths' (certified at lp.EVEN_GAP_TOL); the other simplex's dual gave 3.4e-8. (The
-    float64 sums of before had put the first within 4e-9 of U.) Returns the best safe bound and the simplex
-    iterations spent."""
-    target = upper.objective - gap_tol(phase.number) * max(1.0, abs(upper.objective))
-    # `bound` already holds this dual's bound with the chains' windows.
-    bound = max(bound, _lower_bound(c, phase, primal, upper, lower, margins.path_windows()))
-    if bound >= target or deadline.expired():
-        return bound, 0
-    if c.ties.num_tied == 0:
-        again = solve_lp(primal, False, deadline, precise=True, duals=True, extra=DUAL_PARAMS)
-        fresh = None if again is None else _lower_bound(c, phase, primal, again, None, margins.path_windows())
-    else:
-        # Phase 3's dual came from a race: now the simplex that lost it (the same LP by the same method would
-        # give the same point).
-        other = None if lower is None or lower.dual_simplex is None else not lower.dual_simplex
-        dual_lp = tied_dual(c, phase)
-        again = refined(dual_lp, solve_lp(dual_lp, True, deadline, bool(other), precise=other is None, basis=True))
-        fresh = None
-        if again is not None:  # the cheap windows first: the tight ones cost seconds at a million actions
-            fresh = _lower_bound(c, phase, primal, upper, again, margins.chain_windows())
-            if fresh < target:
-                fresh = max(fresh, _lower_bound(c, phase, primal, upper, again, margins.path_windows()))
-    log.debug("phase %d: safe bound with windows %s, from a dual solved again %s", phase.number, bound, fresh)
-    return max(bound, -INF if fresh is None else fresh), 0 if again is None else again.iterations
-
-
 def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, number: int, deadline: Deadline,
                   warm: tuple[np.ndarray, np.ndarray] | None = None):
     """Start the tied primal's solve (Note [LP tolerance]): the dual simplex in phase 2 (keeping its basis for
@@ -335,7 +259,7 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
     it both simplexes in a race (the first to finish interrupts the other). Returns the futures."""
     def cold() -> LPResult | None:
         if number == 3:
-            return _race(primal, exact, deadline)
+            return race(primal, exact, deadline)
         return solve_lp(primal, not exact, deadline, number == 2, duals=exact, basis=number == 2)
 
     if warm is not None:
@@ -350,39 +274,6 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
 
         return [pool.submit(warm_job)]
     return [pool.submit(cold)]
-
-
-def _race(lp: SparseLP, exact: bool, deadline: Deadline, warm: tuple[np.ndarray, np.ndarray] | None = None,
-          head_start_s: float = 0.0, basis: bool = False) -> LPResult | None:
-    """Phase 3's tied primal (or tied dual) by the primal and the dual simplex at once: the first result
-    interrupts the other. With `warm` (phase 3's tied dual: dual.phase3_dual_basis, Note [warm phase 3]) the
-    dual simplex from that basis first, alone; if it has no result within head_start_s seconds, it is
-    interrupted and the race runs as without it. basis: return the optimal basis too (LPResult.basis)."""
-    if warm is not None:
-        alone = Race()
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            limit = None if deadline.limit_s is None else deadline.remaining()
-            future = pool.submit(solve_warm, lp, warm, DUAL_WARM_PARAMS, limit, final_basis=basis, race=alone)
-            try:
-                result = future.result(timeout=head_start_s)
-            except TimeoutError:
-                alone.finish()
-                result = future.result()
-        if result is not None:  # (an interrupted solve has none)
-            return replace(result, dual_simplex=True)
-    race = Race()
-    with ThreadPoolExecutor(max_workers=1) as other:
-        def job(dual_simplex: bool) -> LPResult | None:
-            result = solve_lp(lp, not exact, deadline, dual_simplex, duals=exact, race=race, basis=basis)
-            if result is not None:
-                race.finish()
-                result = replace(result, dual_simplex=dual_simplex)
-            return result
-
-        dual = other.submit(job, True)
-        results = [r for r in (job(False), dual.result()) if r is not None]
-    # Both may finish: keep the better optimum (a tied primal's smaller U, a tied dual's larger value).
-    return max(results, default=None, key=lambda r: r.objective if lp.maximize else -r.objective)
 
 
 def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outcome | None = None) -> _Outcome | None:
@@ -435,11 +326,11 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                         and all(np.array_equal(a, b) for a, b in zip(before.dual[0], margins.dual)):
                     dual_warm = phase3_dual_basis(before.dual[1].basis, dual_lp)
                 head_start = 0.0 if dual_warm is None else max(1.0, 0.5 * before.dual[1].wall_s)
-                lower = _race(dual_lp, False, deadline, dual_warm, head_start, basis=True) if phase.number == 3 \
+                lower = race(dual_lp, False, deadline, dual_warm, head_start, basis=True) if phase.number == 3 \
                     else solve_lp(dual_lp, True, deadline, basis=True)
                 iterations += lower.iterations if lower else 0
                 running = solve_p and not all(job.done() for job in upper_jobs)
-                lower, fresh = _dual_bound(c_dual, phase, dual_lp, lower, margins, running)
+                lower, fresh = dual_bound(c_dual, phase, dual_lp, lower, margins, running)
                 bound = max(best_lower, fresh)
             if solve_p:
                 upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
@@ -447,7 +338,7 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                 iterations += upper.iterations if upper else 0
                 carried = None if upper is None else (upper, c)
             if exact:  # the untied primal's own row duals
-                bound = max(best_lower, _lower_bound(c_dual, phase, primal, upper, lower, margins.chain_windows()))
+                bound = max(best_lower, lower_bound(c_dual, phase, primal, upper, lower, margins.chain_windows()))
             gap = upper.objective - bound if upper else INF
             scale = max(1.0, abs(upper.objective)) if upper else 1.0
             tol = gap_tol(phase.number) * scale
@@ -472,7 +363,7 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                         gap = upper.objective - bound
                 if upper and not tightened and gap > tol and upper.objective - claimed <= SANE_GAP * scale:
                     tightened, tightened_dual = True, lower  # GLOP's own L is close, the safe one not
-                    bound, spent = _tighter_bound(c_dual, phase, primal, upper, lower, bound, margins, deadline)
+                    bound, spent = tighter_bound(c_dual, phase, primal, upper, lower, bound, margins, deadline)
                     iterations += spent
                     gap = upper.objective - bound
             if upper is not None and (best is None or upper.objective < best[0].objective):

@@ -20,7 +20,7 @@ Note [refined duals]
   rounding (5e-13 there): it is clipped, which the bound's own clipping would do anyway. Any dual vector
   gives a safe bound, so a refined point can only change how tight L is, never whether it holds; it is not
   always tighter (phase 2 there: 5e-12 relative looser, both far within 1e-9), so fastlp refines only a dual
-  whose bound falls short of GLOP's own value, and keeps the better of the two (phases._dual_bound).
+  whose bound falls short of GLOP's own value, and keeps the better of the two (lower.dual_bound).
 """
 
 from __future__ import annotations
