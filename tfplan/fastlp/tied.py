@@ -113,7 +113,7 @@ class Compressed:
 
 def _dense_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """np.unique(key, return_inverse=True, return_counts=True)[1:] for non-negative int keys: by counting when
-    the keys' range is small (a few runs' worth: 0.15 s against 0.6 s for np.unique's sort at a million actions)."""
+    the keys' range is small (2M rows of a million actions: 6 ms against np.unique's 22-35 ms)."""
     top = int(key.max()) + 1
     if top > 8 * len(key) + 4096:
         _, inv, sizes = np.unique(key, return_inverse=True, return_counts=True)
