@@ -667,3 +667,14 @@ def test_a_race_keeps_the_better_optimum_and_says_which_simplex_gave_it(monkeypa
     lp_ = SimpleNamespace(maximize=maximize)
     got = glop.race(lp_, False, lp.Deadline(limit_s=None))
     assert (got.objective, got.dual_simplex) == ((2.0, True) if maximize else (1.0, False))
+
+
+@pytest.mark.parametrize("top", [50, 10**12])
+def test_dense_ids_are_np_uniques(top: int) -> None:
+    # tied._dense_ids: by counting when the keys' range is small, by np.unique when it is not; the same ids.
+    from tfplan.fastlp.tied import _dense_ids
+
+    key = np.random.default_rng(top % 97).integers(0, top, 5000)
+    _, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
+    ids, sizes = _dense_ids(key)
+    assert np.array_equal(ids, inverse.ravel()) and np.array_equal(sizes, counts)
