@@ -15,8 +15,8 @@ from tfplan.fastlp.bound import Windows, from_tied_dual, safe_lower_bound
 from tfplan.fastlp.dual import tied_dual
 from tfplan.fastlp.glop import solve_glop
 from tfplan.fastlp.graph import GraphArrays, Runs
-from tfplan.fastlp.refine import BASIC, refined
-from tfplan.fastlp.tied import Compressed, Phase, tied_primal
+from tfplan.fastlp.refine import refined
+from tfplan.fastlp.tied import AT_LOWER, BASIC, FREE, Compressed, Phase, tied_primal
 from tfplan.simulate import simulate
 
 pytest.importorskip("scipy")
@@ -77,7 +77,7 @@ def test_the_basic_solution_solves_the_basis_system() -> None:
     dense = np.zeros((len(dual.row_hi), len(dual.lb)))
     np.add.at(dense, (dual.ri, dual.ci), dual.val)
     x_b = np.linalg.solve(dense[np.ix_(active, basic)], dual.row_hi[active])  # nonbasic columns all at 0 here
-    assert np.all(np.isin(cols[cols != BASIC], (1, 2)))
+    assert np.all(np.isin(cols[cols != BASIC], (FREE, AT_LOWER)))
     again = refined(dual, result)
     assert np.allclose(again.x[basic], np.clip(x_b, dual.lb[basic], dual.ub[basic]), rtol=1e-12, atol=1e-12)
 
@@ -87,7 +87,7 @@ def test_without_scipy_or_a_usable_basis_the_result_comes_back_unchanged(monkeyp
     assert refined(dual, None) is None
     assert refined(dual, replace(result, basis=None)).x is result.x
     cols, rows = result.basis
-    not_square = (np.where(cols == BASIC, 2, cols), rows)  # every column nonbasic: too few unknowns
+    not_square = (np.where(cols == BASIC, AT_LOWER, cols), rows)  # every column nonbasic: too few unknowns
     assert refined(dual, replace(result, basis=not_square)) is not None
     assert refined(dual, replace(result, basis=not_square)).x is result.x
     monkeypatch.setitem(sys.modules, "scipy.sparse.linalg", None)  # as if scipy were not installed

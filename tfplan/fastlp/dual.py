@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfplan.fastlp.tied import INF, Compressed, Phase, SparseLP
+from tfplan.fastlp.tied import AT_LOWER, BASIC, FREE, INF, Compressed, Phase, SparseLP
 
 
 def _first_distinct(sig: np.ndarray) -> np.ndarray:
@@ -174,10 +174,9 @@ def phase3_dual_basis(basis2: tuple[np.ndarray, np.ndarray], lp3: SparseLP) -> t
     its rows (mu, e) after phase 2's: the new columns start nonbasic at 0 (sigma, free, as FREE), the new rows
     basic, so the basis stays square. None when phase 2's basis is larger than this LP (another compression).
     Codes: LPResult.basis."""
-    free, at_lower, basic = 1, 2, 5
     n2, m2 = len(basis2[0]), len(basis2[1])
     if n2 > len(lp3.lb) or m2 > len(lp3.row_hi):
         return None
-    cols = np.concatenate([basis2[0], np.where(np.isfinite(lp3.lb[n2:]), at_lower, free)])
-    rows = np.concatenate([basis2[1], np.full(len(lp3.row_hi) - m2, basic)])
+    cols = np.concatenate([basis2[0], np.where(np.isfinite(lp3.lb[n2:]), AT_LOWER, FREE)])
+    rows = np.concatenate([basis2[1], np.full(len(lp3.row_hi) - m2, BASIC)])
     return cols, rows

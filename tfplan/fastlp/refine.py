@@ -31,11 +31,10 @@ from dataclasses import replace
 import numpy as np
 
 from tfplan.fastlp.glop import LPResult
-from tfplan.fastlp.tied import SparseLP
+from tfplan.fastlp.tied import AT_LOWER, AT_UPPER, BASIC, FIXED, SparseLP
 
 log = logging.getLogger(__name__)
 
-FREE, AT_LOWER, AT_UPPER, FIXED, BASIC = 1, 2, 3, 4, 5  # LPResult.basis's codes (math_opt's BasisStatusProto)
 REFINE_STEPS = 5  # at most; each costs two sparse products and a solve (ms at 30k columns)
 
 

@@ -19,6 +19,8 @@ import numpy as np
 from tfplan.fastlp.graph import GraphArrays, Ties
 
 INF = float("inf")
+FREE, AT_LOWER, AT_UPPER, FIXED, BASIC = 1, 2, 3, 4, 5
+"""A column's or row's status in a basis (LPResult.basis): math_opt's BasisStatusProto codes."""
 
 
 @dataclass(slots=True)
@@ -256,20 +258,19 @@ def phase3_basis(c: Compressed, primal2: SparseLP, primal3: SparseLP, x2: np.nda
     mu_s, deviation row a e_a where phase 2's r_a is above its stage's mean (else the row's slack). The matrix
     of new rows against new basics is triangular, so the basis is as regular as phase 2's. Codes: LPResult.basis.
     """
-    free, at_lower, fixed, basic = 1, 2, 4, 5
     nt, nr, ns = len(c.free_nodes), len(c.r_nodes), len(c.stages)
     first_r = nt + c.ties.num_runs  # tied_primal's r columns
     r = x2[first_r: first_r + nr]
     stage = c.stage_idx[c.r_stage]
     mu = np.bincount(stage, weights=c.weight * r, minlength=ns) / c.stage_size[c.stages]
     above = r - mu[stage] > 0.0
-    cols = np.concatenate([basis2[0], np.full(ns, basic), np.where(above, basic, at_lower)])
-    rows = np.full(len(primal3.row_lo), free, dtype=np.int64)
+    cols = np.concatenate([basis2[0], np.full(ns, BASIC), np.where(above, BASIC, AT_LOWER)])
+    rows = np.full(len(primal3.row_lo), FREE, dtype=np.int64)
     for name in ("prec", "sink", "cap", "tau"):
         rows[primal3.blocks[name]] = basis2[1][primal2.blocks[name]]
-    rows[primal3.blocks["total"]] = basic
-    rows[primal3.blocks["mean"]] = fixed
-    rows[primal3.blocks["dev"]] = np.where(above, at_lower, basic)
+    rows[primal3.blocks["total"]] = BASIC
+    rows[primal3.blocks["mean"]] = FIXED
+    rows[primal3.blocks["dev"]] = np.where(above, AT_LOWER, BASIC)
     assert len(cols) == len(primal3.lb), "phase 3 appends mu and e to phase 2's columns"
     return cols, rows
 
@@ -302,25 +303,24 @@ def basis_of_point(lp: SparseLP, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     basic rows with the least slack become nonbasic, then if need be the bounded columns nearest their lower
     bounds (x is then not exactly the basic solution, but near it), or missing basics are made up from tight
     rows (degenerate basics). GLOP replaces what is singular with slacks. Codes: LPResult.basis."""
-    at_lower, at_upper, basic = 2, 3, 5
-    cols = np.full(len(x), basic, dtype=np.int64)
-    cols[x <= lp.lb] = at_lower
-    cols[x >= lp.ub] = at_upper
+    cols = np.full(len(x), BASIC, dtype=np.int64)
+    cols[x <= lp.lb] = AT_LOWER
+    cols[x >= lp.ub] = AT_UPPER
     activity = np.bincount(lp.ri, weights=lp.val * x[lp.ci], minlength=len(lp.row_lo))
     lower, upper = activity - lp.row_lo, lp.row_hi - activity
     slack = np.minimum(lower, upper)
-    rows = np.where(slack <= 1e-9 * np.maximum(1.0, np.abs(activity)), np.where(lower <= upper, at_lower, at_upper),
-                    basic)
-    surplus = int(np.count_nonzero(cols == basic) + np.count_nonzero(rows == basic)) - len(rows)
+    rows = np.where(slack <= 1e-9 * np.maximum(1.0, np.abs(activity)), np.where(lower <= upper, AT_LOWER, AT_UPPER),
+                    BASIC)
+    surplus = int(np.count_nonzero(cols == BASIC) + np.count_nonzero(rows == BASIC)) - len(rows)
     if surplus > 0:  # not a vertex of the larger LP: the least-slack basic rows bind
-        candidates = np.flatnonzero(rows == basic)
+        candidates = np.flatnonzero(rows == BASIC)
         drop = candidates[np.argsort(slack[candidates], kind="stable")[:surplus]]
-        rows[drop] = np.where(lower[drop] <= upper[drop], at_lower, at_upper)
+        rows[drop] = np.where(lower[drop] <= upper[drop], AT_LOWER, AT_UPPER)
         surplus -= len(drop)
-        bounded = np.flatnonzero((cols == basic) & np.isfinite(lp.lb))  # then columns, at their lower bounds
-        cols[bounded[np.argsort(x[bounded] - lp.lb[bounded], kind="stable")[:surplus]]] = at_lower
+        bounded = np.flatnonzero((cols == BASIC) & np.isfinite(lp.lb))  # then columns, at their lower bounds
+        cols[bounded[np.argsort(x[bounded] - lp.lb[bounded], kind="stable")[:surplus]]] = AT_LOWER
     elif surplus < 0:  # degenerate: some tight rows are basic at zero slack
-        rows[np.flatnonzero(rows != basic)[:-surplus]] = basic
+        rows[np.flatnonzero(rows != BASIC)[:-surplus]] = BASIC
     return cols, rows
 
 
