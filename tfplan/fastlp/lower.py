@@ -22,10 +22,10 @@ from tfplan.lp import Deadline, gap_tol
 log = logging.getLogger(__name__)
 
 
-def lower_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult | None, lower: LPResult | None,
+def lower_bound(c: Compressed, phase: Phase, primal: SparseLP | None, upper: LPResult | None, lower: LPResult | None,
                 windows: Windows | None = None) -> float:
-    """The safe lower bound L of tfplan.fastlp.bound from the tied dual's solution or, untied, the primal's own duals;
-    -inf without a solution."""
+    """The safe lower bound L of tfplan.fastlp.bound from the tied dual's solution or, untied, the primal's own duals
+    (`primal` and `upper` are read only then); -inf without a solution."""
     if c.ties.num_tied == 0:
         if upper is None or upper.duals is None:
             return -INF
@@ -48,11 +48,11 @@ def dual_bound(c: Compressed, phase: Phase, lp: SparseLP, lower: LPResult | None
         return None, -INF
     assert c.ties.num_tied, "an untied primal certifies itself"
     tol = gap_tol(phase.number) * max(1.0, abs(lower.objective))
-    bound = safe_lower_bound(c.g, phase, from_tied_dual(c, phase, lower.x), margins.chain_windows())
+    bound = lower_bound(c, phase, None, None, lower, margins.chain_windows())
     if lower.objective - bound > tol:
         again = refined(lp, lower)
         if again is not lower:
-            fresh = safe_lower_bound(c.g, phase, from_tied_dual(c, phase, again.x), margins.chain_windows())
+            fresh = lower_bound(c, phase, None, None, again, margins.chain_windows())
             log.debug("phase %d: safe bound %s, from the refined dual %s", phase.number, bound, fresh)
             lower, bound = (again, fresh) if fresh > bound else (lower, bound)
         if lower.objective - bound > tol and primal_running:
@@ -83,11 +83,11 @@ def tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult
         # give the same point).
         other = None if lower is None or lower.dual_simplex is None else not lower.dual_simplex
         dual_lp = tied_dual(c, phase)
-        again = refined(dual_lp, solve_lp(dual_lp, True, deadline, bool(other), precise=other is None, basis=True))
-        fresh = None
-        if again is not None:  # the cheap windows first: the tight ones cost seconds at a million actions
-            fresh = lower_bound(c, phase, primal, upper, again, margins.chain_windows())
-            if fresh < target:
-                fresh = max(fresh, lower_bound(c, phase, primal, upper, again, margins.path_windows()))
+        again = solve_lp(dual_lp, True, deadline, bool(other), precise=other is None, basis=True)
+        # The cheap windows first (and the point refined where they fall short, as for any tied dual): the
+        # tight ones cost seconds at a million actions.
+        again, fresh = dual_bound(c, phase, dual_lp, again, margins, False)
+        if again is not None and fresh < target:
+            fresh = max(fresh, lower_bound(c, phase, primal, upper, again, margins.path_windows()))
     log.debug("phase %d: safe bound with windows %s, from a dual solved again %s", phase.number, bound, fresh)
     return max(bound, -INF if fresh is None else fresh), 0 if again is None else again.iterations
