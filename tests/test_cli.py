@@ -571,12 +571,12 @@ def test_profile_analytic_bad_names(tmp_path) -> None:
 
 
 def test_the_cli_keeps_large_allocations_on_the_heap() -> None:
-    # cli.MMAP_THRESHOLD: after _keep_heap_pages, a 64 MB numpy array comes from glibc's heap, not from a fresh
+    # tfplan.heap: after keep_large_allocations, a 64 MB numpy array comes from glibc's heap, not from a fresh
     # mapping (glibc's mallinfo2 counts mapped blocks in hblks). In a child process: the setting is per process.
     code = """
 import ctypes, sys
 import numpy as np
-from tfplan import cli
+from tfplan import heap
 libc = ctypes.CDLL(None)
 if not hasattr(libc, "mallinfo2"):
     print("skip"); sys.exit(0)
@@ -589,7 +589,7 @@ def mapped_with(array_bytes):
     a = np.ones(array_bytes // 8)
     return libc.mallinfo2().hblks - before
 print(mapped_with(64 << 20), end=" ")
-cli._keep_heap_pages()
+heap.keep_large_allocations()
 print(mapped_with(64 << 20))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout

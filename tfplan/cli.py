@@ -7,7 +7,6 @@ Examples:
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import logging
@@ -18,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
-from tfplan import schedules
+from tfplan import heap, schedules
 from tfplan import simulate as simulate_mod
 from tfplan.cli_options import (  # noqa: F401 - out and user_errors are also tfrun's
     Backend,
@@ -415,34 +414,10 @@ the collector walked them over and over: measured on `tfplan solve` of 1F1B 32 x
 (1543 young, 140 middle, 9 full) against 0.07 s (11 young) at this threshold."""
 
 
-MMAP_THRESHOLD = 1 << 30
-"""Bytes from which glibc's malloc maps fresh pages for an allocation instead of reusing its heap (its default
-starts at 128 KiB and rises to at most 32 MiB). Pages the process has not touched yet cost a fault each, and on
-this 2-core VM first touches cost about 7 ms per MB inside a solve (a 2M-row gather: 0.15-0.46 s the first
-time, 1-10 ms again); numpy's arrays of a million-action job (8-64 MB each) were all fresh mappings. Measured on
-`tfplan solve` of random-0 1F1B 32 x 16384, alternating in one session: 31.9-32.1 s (median 32.0) against
-32.9-37.0 s (median 36.1) with glibc's default, peak RSS 1385-1391 against 1316-1332 MiB (fastlp's
-malloc_trim after each GLOP solve still hands freed heap memory back: tfplan.fastlp.glop.release_freed_memory).
-The automatic trim on free is raised to the same, so freed memory is kept until such a trim."""
-
-
-def _keep_heap_pages() -> None:
-    """Set MMAP_THRESHOLD (and the trim threshold to the same) where the C library is glibc; nothing elsewhere."""
-    try:
-        mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    except OSError:
-        return
-    if mallopt is not None:
-        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
-        mallopt(m_mmap_threshold, MMAP_THRESHOLD)
-        mallopt(m_trim_threshold, MMAP_THRESHOLD)
-
-
 def main() -> None:
     """Console-script entry point."""
     gc.set_threshold(GC_THRESHOLD0, *gc.get_threshold()[1:])
-    _keep_heap_pages()
+    heap.keep_large_allocations()  # page faults of a million-action job: tfplan.heap.MMAP_THRESHOLD
     app()
 
 

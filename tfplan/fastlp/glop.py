@@ -9,7 +9,6 @@ GLOP with a ModelProto filled column by column.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from ortools.util.python.pybind_solve_interrupter import PySolveInterrupter
 from pybind11_abseil.status import StatusNotOk
 
 from tfplan.fastlp.tied import SparseLP
+from tfplan.heap import release_freed_memory
 from tfplan.lp import GLOP_PARAMS, Deadline
 
 PLAN_PARAMS = "use_preprocessing: false primal_feasibility_tolerance: 1e-10"  # Note [LP tolerance]
@@ -52,7 +52,7 @@ class LPResult:
     """Row duals (when asked for): >= 0 on a binding lower side of a minimisation, <= 0 on an upper side."""
     basis: tuple[np.ndarray, np.ndarray] | None = None
     """(column statuses, row statuses) of the optimal basis (when asked for), in math_opt's BasisStatusProto
-    codes (FREE 1, AT_LOWER 2, AT_UPPER 3, FIXED 4, BASIC 5; a row's status is its activity's)."""
+    codes (tied.FREE 1 ... tied.BASIC 5; a row's status is its activity's)."""
     dual_simplex: bool | None = None
     """Which simplex won the race that gave this result (None outside a race)."""
 
@@ -87,31 +87,6 @@ class Race:
                     solver.interrupt()
                 else:
                     solver.InterruptSolve()
-
-
-def _heap_trimmer():
-    """glibc's malloc_trim from the C library the process already uses, or None where it has none."""
-    try:
-        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    except OSError:
-        return None
-    if trim is not None:
-        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
-
-
-_MALLOC_TRIM = _heap_trimmer()
-
-
-def release_freed_memory() -> None:
-    """Hand the heap memory freed so far back to the OS (glibc's malloc_trim, 0.1-6 ms; nothing elsewhere).
-
-    GLOP runs in several threads, each with its own malloc arena, and glibc keeps what they free; so does its
-    main heap with the large numpy arrays freed after its mmap threshold rose. Measured on `tfplan solve` of
-    random-0 1F1B 32 x 16384: the process held 1379 MiB when the solve returned and 767 MiB after one trim; with
-    a trim after each GLOP solve and one after the solve, its peak fell from 1491 to 1272 MiB."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 def solve_glop(lp: SparseLP, params: str = "", time_limit_s: float | None = None,

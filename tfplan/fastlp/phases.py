@@ -103,7 +103,6 @@ from tfplan.fastlp.glop import (
     WARM_PARAMS,
     LPResult,
     race,
-    release_freed_memory,
     solve_glop,
     solve_lp,
     solve_warm,
@@ -122,6 +121,7 @@ from tfplan.fastlp.tied import (
     phase3_basis,
     tied_primal,
 )
+from tfplan.heap import release_freed_memory
 from tfplan.lp import (
     FEASIBLE,
     OPTIMAL,
