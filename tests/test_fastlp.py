@@ -520,17 +520,21 @@ def test_phase_3_from_phase_2s_basis_finds_the_same_optimum(monkeypatch) -> None
     used = []
     real = phases.solve_warm
 
-    def spy(primal, basis, params, limit=None, **kwargs):
-        cols, rows = basis
-        assert np.count_nonzero(cols == 5) + np.count_nonzero(rows == 5) == len(primal.row_lo)  # a square basis
-        used.append(params)
-        return real(primal, basis, params, limit, **kwargs)
+    def spy(where: str):
+        def solve_warm(primal, basis, params, limit=None, **kwargs):
+            cols, rows = basis
+            assert np.count_nonzero(cols == 5) + np.count_nonzero(rows == 5) == len(primal.row_lo)  # square
+            used.append((where, params, primal.maximize))
+            return real(primal, basis, params, limit, **kwargs)
 
-    monkeypatch.setattr(phases, "solve_warm", spy)
-    monkeypatch.setattr(glop, "solve_warm", spy)  # (glop.race's warm dual)
+        return solve_warm
+
+    monkeypatch.setattr(phases, "solve_warm", spy("phases"))  # the tied primals'
+    monkeypatch.setattr(glop, "solve_warm", spy("race"))  # glop.race's warm tied dual
     warm = _assert_agrees(dag, 0.9)
-    assert used.count(phases.WARM_PARAMS) == 1  # (phase 2's later margins start from a point: CARRIED_PARAMS)
-    assert used.count(glop.DUAL_WARM_PARAMS) == 1  # and phase 3's tied dual from phase 2's
+    # Phase 3's tied primal from phase 2's basis, once (phase 2's later margins would start from a point, with
+    # CARRIED_PARAMS: this instance needs none), and phase 3's tied dual from phase 2's tied dual's, once.
+    assert sorted(used) == [("phases", phases.WARM_PARAMS, False), ("race", glop.DUAL_WARM_PARAMS, True)]
     for module in (phases, glop):  # as if GLOP could not start from either
         monkeypatch.setattr(module, "solve_warm", lambda *args, **kwargs: None)
     cold = fastlp.solve(dag, 0.9)
