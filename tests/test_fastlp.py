@@ -569,6 +569,52 @@ def test_a_warm_solve_in_a_race_that_is_over_does_not_run() -> None:
     assert solve_warm(primal, basis, phases.CARRIED_PARAMS, race=race) is None
 
 
+def test_a_race_within_another_ends_with_it() -> None:
+    # Note [unneeded duals]: a tied dual that phases no longer needs is stopped through the Race it was given,
+    # whatever race glop.race runs inside it; once that Race is over, glop.race solves nothing.
+    from tfplan.fastlp.glop import Race
+
+    outer, inner = Race(), Race()
+    assert outer.enter(inner)
+    outer.finish()
+    assert inner.over and not inner.enter(Race())
+    assert not outer.enter(Race())
+    dag = dag_mod.build(schedules.generate("1f1b", 4, 24), _random_profile(4, seed=1))
+    g = GraphArrays.from_dag(dag)
+    lp_ = tied_dual(Compressed(g, Runs.detect(g).ties(g.n, (2, 2))), Phase(number=1, caps=np.full(4, 0.8), t_max=1e4))
+    assert glop.race(lp_, False, lp.Deadline(limit_s=None), within=outer) is None
+    assert glop.race(lp_, False, lp.Deadline(limit_s=None), within=Race()) is not None
+
+
+def test_an_unneeded_dual_is_stopped_and_the_earlier_bound_certifies(monkeypatch) -> None:
+    # Note [unneeded duals]: on this instance (Note [two margins]'s test below) phase 2's first tied dual meets
+    # the optimum and only the primal needs the second margin. The second round's dual is made to run until
+    # it is stopped: the primal's U meets the first round's L, the dual is stopped, and the optima are the
+    # full LP's, with the first round's dual margin handed on.
+    import time as time_mod
+
+    dag = dag_mod.build(schedules.generate("1f1b", 4, 32), _random_profile(4, 6))
+    real, calls, stopped = phases._lower_side, [], []
+
+    def slow(c, phase, margins, deadline, warm, jobs, stop):
+        calls.append(phase.number)
+        if phase.number == 2 and calls.count(2) == 2:
+            for _ in range(3000):  # at most 30 s
+                if stop.over:
+                    break
+                time_mod.sleep(0.01)
+            stopped.append(stop.over)
+        return real(c, phase, margins, deadline, warm, jobs, stop)
+
+    monkeypatch.setattr(phases, "_lower_side", slow)
+    got = fastlp.solve(dag, 0.9, None, margin=1)
+    ref = solver.solve(dag, 0.9)
+    for mine, theirs, rel in zip(got.phases, ref.phases, (PHASE1_REL, PHASE2_REL, PHASE3_REL)):
+        assert mine.status == "OPTIMAL" and mine.objective == pytest.approx(theirs.objective, rel=rel)
+    assert stopped == [True]
+    assert calls.count(2) == 2
+
+
 def test_a_warm_dual_that_has_not_finished_in_its_head_start_gives_way_to_the_race(monkeypatch) -> None:
     # Note [warm phase 3]: phase 3's tied dual from phase 2's basis runs alone for its head start (at least 1 s);
     # one still running then is interrupted, and the race of the two cold simplexes gives the dual.

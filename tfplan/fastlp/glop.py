@@ -59,16 +59,18 @@ class LPResult:
 
 class Race:
     """Solves of one LP by different methods in threads: the first result wins and the others are interrupted
-    (pywraplp's InterruptSolve; Note [LP tolerance] in tfplan.fastlp.phases says why phase 3 races two simplexes)."""
+    (pywraplp's InterruptSolve; Note [LP tolerance] in tfplan.fastlp.phases says why phase 3 races two simplexes).
+    A Race can also enter another: finishing the outer one finishes it (a tied dual that phases no longer needs,
+    Note [unneeded duals] there, stops whatever race it is in)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._solvers: list[pywraplp.Solver | PySolveInterrupter] = []  # math_opt's solves by their interrupter
+        self._solvers: list[pywraplp.Solver | PySolveInterrupter | Race] = []  # math_opt's by their interrupter
         self._over = False
 
-    def enter(self, solver: pywraplp.Solver | PySolveInterrupter) -> bool:
-        """Register a solver about to solve (or a math_opt solve's interrupter); False when the race is already
-        over (then do not solve)."""
+    def enter(self, solver: pywraplp.Solver | PySolveInterrupter | Race) -> bool:
+        """Register a solver about to solve (or a math_opt solve's interrupter, or an inner race); False when the
+        race is already over (then do not solve)."""
         with self._lock:
             if not self._over:
                 self._solvers.append(solver)
@@ -83,7 +85,9 @@ class Race:
         with self._lock:
             self._over = True
             for solver in self._solvers:
-                if isinstance(solver, PySolveInterrupter):
+                if isinstance(solver, Race):
+                    solver.finish()
+                elif isinstance(solver, PySolveInterrupter):
                     solver.interrupt()
                 else:
                     solver.InterruptSolve()
@@ -272,14 +276,16 @@ def solve_lp(lp: SparseLP, tied: bool, deadline: Deadline, dual_simplex: bool = 
 
 
 def race(lp: SparseLP, exact: bool, deadline: Deadline, warm: tuple[np.ndarray, np.ndarray] | None = None,
-         head_start_s: float = 0.0, basis: bool = False) -> LPResult | None:
+         head_start_s: float = 0.0, basis: bool = False, within: Race | None = None) -> LPResult | None:
     """Phase 3's tied primal (or tied dual) by the primal and the dual simplex at once: the first result
     interrupts the other (Note [LP tolerance] in tfplan.fastlp.phases). With `warm` (phase 3's tied dual:
     dual.phase3_dual_basis, Note [warm phase 3] there) the dual simplex from that basis first, alone; if it has
     no result within head_start_s seconds, it is interrupted and the race runs as without it. basis: return
-    the optimal basis too (LPResult.basis)."""
+    the optimal basis too (LPResult.basis); within: a Race whose end stops this one (None once it has)."""
     if warm is not None:
         alone = Race()
+        if within is not None and not within.enter(alone):
+            return None
         with ThreadPoolExecutor(max_workers=1) as pool:
             limit = None if deadline.limit_s is None else deadline.remaining()
             future = pool.submit(solve_warm, lp, warm, DUAL_WARM_PARAMS, limit, final_basis=basis, race=alone)
@@ -291,6 +297,8 @@ def race(lp: SparseLP, exact: bool, deadline: Deadline, warm: tuple[np.ndarray, 
         if result is not None:  # (an interrupted solve has none)
             return replace(result, dual_simplex=True)
     contest = Race()
+    if within is not None and not within.enter(contest):
+        return None
     with ThreadPoolExecutor(max_workers=1) as other:
         def job(dual_simplex: bool) -> LPResult | None:
             result = solve_lp(lp, not exact, deadline, dual_simplex, duals=exact, race=contest, basis=basis)

@@ -45,6 +45,15 @@ Note [warm margins]
   tfplan.fastlp.exact), the different vertex it ends phase 2 on made phase 3's float64 L come out 2.4e-7
   above U, and it was taken out.
 
+Note [unneeded duals]
+  A round's tied dual runs in a worker thread beside its tied primal (_lower_side). When the primal finishes
+  first and its U already meets the best L of an earlier round (any tied dual's bound holds, Note [periodic
+  compression]), the phase is certified there and the dual is stopped (glop.Race): on random-0 1F1B
+  32 x 16384 phase 2's third tied dual already met the optimum and only its primal was short, so the fourth
+  round's dual (53,664 columns, about 8 s of GLOP) ran 2-4 s past its primal, for nothing. Which side will
+  be short cannot be told beforehand (on interleaved 16 x 512 the last dual was needed), so both still start;
+  only the wait is cut. The dual margin handed on is then the earlier round's, the smallest that met.
+
 Note [LP tolerance]
   The plan is re-simulated, and its makespan should stay within the phase bound T1 (1 + 1e-9). A tied row
   violated by GLOP's tolerance is violated in every copy it stands for, so the violation adds up along a
@@ -88,7 +97,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +111,7 @@ from tfplan.fastlp.glop import (
     RETRY_PARAMS,
     WARM_PARAMS,
     LPResult,
+    Race,
     race,
     solve_glop,
     solve_lp,
@@ -316,21 +326,29 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                     warm = basis_of_point(primal, carried_point(carried[1], carried[0].x, c))  # [warm margins]
                 upper_jobs = _submit_upper(pool, primal, exact, phase.number, deadline, warm)
             c_dual = c if exact else margins.compressed(margins.dual)
+            cut = False  # Note [unneeded duals]
             if exact:
                 lower = None
-            elif solve_d:  # phase 3: both simplexes race, as for its primal (Note [LP tolerance])
-                dual_lp = tied_dual(c_dual, phase)
+            elif solve_d:
                 dual_warm = None  # Note [warm phase 3]: phase 2's tied dual basis, at the same margin
                 if phase.number == 3 and before is not None and before.dual is not None and not rounds \
                         and before.dual[1].basis is not None \
                         and all(np.array_equal(a, b) for a, b in zip(before.dual[0], margins.dual)):
-                    dual_warm = phase3_dual_basis(before.dual[1].basis, dual_lp)
-                head_start = 0.0 if dual_warm is None else max(1.0, 0.5 * before.dual[1].wall_s)
-                lower = race(dual_lp, False, deadline, dual_warm, head_start, basis=True) if phase.number == 3 \
-                    else solve_lp(dual_lp, True, deadline, basis=True)
-                iterations += lower.iterations if lower else 0
-                running = solve_p and not all(job.done() for job in upper_jobs)
-                lower, fresh = dual_bound(c_dual, phase, dual_lp, lower, margins, running)
+                    dual_warm = before.dual[1]
+                stop = Race()
+                dual_job = pool.submit(_lower_side, c_dual, phase, margins, deadline, dual_warm,
+                                       upper_jobs if solve_p else [], stop)
+                if solve_p and best_lower > -INF:
+                    wait([*upper_jobs, dual_job], return_when=FIRST_COMPLETED)
+                    if not dual_job.done() and all(job.done() for job in upper_jobs):
+                        first = min((r.objective for r in (job.result() for job in upper_jobs) if r is not None),
+                                    default=INF)
+                        scale = max(1.0, abs(first))
+                        if -NEG_GAP * scale <= first - best_lower <= gap_tol(phase.number) * scale:
+                            stop.finish()  # an earlier round's L already meets U
+                            cut = True
+                lower, fresh, spent = dual_job.result()
+                iterations += spent
                 bound = max(best_lower, fresh)
             if solve_p:
                 upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
@@ -369,7 +387,8 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
             if upper is not None and (best is None or upper.objective < best[0].objective):
                 best = (upper, c, primal)
             best_lower = max(best_lower, bound)
-            rounds.append((margins.dual, bound, lower))
+            if not cut:  # (a cut dual's margin has no bound of its own to hand on)
+                rounds.append((margins.dual, bound, lower))
             if -NEG_GAP * scale <= gap <= tol:  # far below 0 would be numerical trouble
                 certified = True
                 break
@@ -401,6 +420,26 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
         iterations=iterations, wall_s=time.perf_counter() - start, gap=gap,
     )
     return _Outcome(result, upper, c, phase, primal, handed)
+
+
+def _lower_side(c: Compressed, phase: Phase, margins: Margins, deadline: Deadline, warm: LPResult | None,
+                upper_jobs: list[Future], stop: Race) -> tuple[LPResult | None, float, int]:
+    """A phase's tied dual at `c`, solved and turned into its safe bound (lower.dual_bound), in a worker thread
+    beside the tied primal's `upper_jobs`; `stop` ends its solve (Note [unneeded duals]). Phase 3's is raced by
+    both simplexes, as its primal (Note [LP tolerance]), after a head start from `warm`, phase 2's tied dual at
+    the same margin (Note [warm phase 3]). Returns the dual (None when stopped), its bound and its iterations."""
+    dual_lp = tied_dual(c, phase)
+    if phase.number == 3:
+        basis = None if warm is None else phase3_dual_basis(warm.basis, dual_lp)
+        head_start = 0.0 if basis is None else max(1.0, 0.5 * warm.wall_s)
+        lower = race(dual_lp, False, deadline, basis, head_start, basis=True, within=stop)
+    else:
+        lower = solve_lp(dual_lp, True, deadline, basis=True, race=stop)
+    if stop.over:
+        return None, -INF, 0 if lower is None else lower.iterations
+    running = not all(job.done() for job in upper_jobs)
+    lower, bound = dual_bound(c, phase, dual_lp, lower, margins, running)
+    return lower, bound, 0 if lower is None else lower.iterations
 
 
 def _plan(dag: Dag, g: GraphArrays, last: _Outcome, best: float, target: float | None, deadline: Deadline):
