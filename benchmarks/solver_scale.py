@@ -46,7 +46,7 @@ except ImportError:  # running from a checkout without installing
 from ortools.linear_solver import pywraplp
 
 from tfplan import dag as dag_mod
-from tfplan import fastlp, lp, profile, schedules, solver
+from tfplan import fastlp, heap, lp, profile, schedules, solver
 from tfplan.fileio import write_json_atomic
 from tfplan.profile import Profile, StageCost
 from tfplan.simulate import simulate
@@ -149,6 +149,7 @@ def rel_gap(sol: lp.Solution) -> float:
 
 def _child(conn, p: int, m: int, with_glop: bool, time_limit_s: float | None = None) -> None:
     """One instance in a fresh process: (build s, fastlp s, phases, sim excess, peak MiB[, glop s, phases])."""
+    heap.keep_large_allocations()  # glibc's malloc as tfplan's CLI sets it up (tfplan.heap)
     start = time.perf_counter()
     dag = build(p, m)
     build_s = time.perf_counter() - start

@@ -596,3 +596,31 @@ print(mapped_with(64 << 20))
     if out.strip() == "skip":
         pytest.skip("not glibc >= 2.33 (no mallinfo2)")
     assert out.split() == ["1", "0"]  # mapped by default, from the heap once the threshold is raised
+
+
+def test_the_cli_keeps_one_malloc_arena_for_all_threads() -> None:
+    # tfplan.heap.ARENA_MAX: after keep_large_allocations, memory a worker thread allocates comes from the one
+    # arena the main thread uses (glibc's malloc_stats lists each arena as "Arena N:" on stderr). In a child
+    # process: the setting is per process.
+    code = """
+import ctypes, sys, threading
+import numpy as np
+from tfplan import heap
+libc = ctypes.CDLL(None)
+if not hasattr(libc, "malloc_stats"):
+    print("skip"); sys.exit(0)
+if sys.argv[1] == "cli":
+    heap.keep_large_allocations()
+kept = []
+worker = threading.Thread(target=lambda: kept.append(np.ones(1 << 17)))  # 1 MB
+worker.start()
+worker.join()
+libc.malloc_stats()
+"""
+    arenas = []
+    for mode in ("default", "cli"):
+        run = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, check=True, cwd=ROOT)
+        if run.stdout.strip() == "skip":
+            pytest.skip("not glibc (no malloc_stats)")
+        arenas.append(sum(line.startswith("Arena ") for line in run.stderr.splitlines()))
+    assert arenas == [2, 1]  # the worker's own arena by default, the main one with the CLI's setting
