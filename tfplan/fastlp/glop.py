@@ -24,7 +24,7 @@ from ortools.util.python.pybind_solve_interrupter import PySolveInterrupter
 from pybind11_abseil.status import StatusNotOk
 
 from tfplan.fastlp.tied import SparseLP
-from tfplan.heap import release_freed_memory
+from tfplan.heap import release_between_solves
 from tfplan.lp import GLOP_PARAMS, Deadline
 
 PLAN_PARAMS = "use_preprocessing: false primal_feasibility_tolerance: 1e-10"  # Note [LP tolerance]
@@ -102,7 +102,7 @@ def solve_glop(lp: SparseLP, params: str = "", time_limit_s: float | None = None
     the optimal basis (LPResult.basis).
     """
     result = _solve_glop(lp, params, time_limit_s, duals, race, basis)
-    release_freed_memory()  # the model is gone by now
+    release_between_solves()  # the model is gone by now
     return result
 
 
@@ -165,7 +165,7 @@ def solve_warm(lp: SparseLP, basis: tuple[np.ndarray, np.ndarray], params: str, 
     final_basis: also return the optimal basis (LPResult.basis); race: the Race this solve runs in.
     """
     result = _solve_warm(lp, basis, params, time_limit_s, final_basis, race)
-    release_freed_memory()
+    release_between_solves()
     return result
 
 
