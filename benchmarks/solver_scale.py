@@ -149,7 +149,7 @@ def rel_gap(sol: lp.Solution) -> float:
 
 def _child(conn, p: int, m: int, with_glop: bool, time_limit_s: float | None = None) -> None:
     """One instance in a fresh process: (build s, fastlp s, phases, sim excess, peak MiB[, glop s, phases])."""
-    heap.keep_large_allocations()  # glibc's malloc as tfplan's CLI sets it up (tfplan.heap)
+    heap.configure()  # memory as tfplan's CLI sets it up (tfplan.heap)
     start = time.perf_counter()
     dag = build(p, m)
     build_s = time.perf_counter() - start

@@ -4,6 +4,7 @@ written, and bad input (exit 1, one `error:` line on stderr, no traceback, no fi
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -596,6 +597,24 @@ print(mapped_with(64 << 20))
     if out.strip() == "skip":
         pytest.skip("not glibc >= 2.33 (no mallinfo2)")
     assert out.split() == ["1", "0"]  # mapped by default, from the heap once the threshold is raised
+
+
+@pytest.mark.parametrize("user", [None, "1"])
+def test_the_cli_keeps_numpys_arrays_on_small_pages_unless_the_user_says(user: str | None) -> None:
+    # tfplan.heap.HUGE_PAGES_FOR_ARRAYS: after configure, numpy no longer asks for huge pages (its setter returns
+    # the setting it replaces); a NUMPY_MADVISE_HUGEPAGE the user set is kept. In a child process.
+    code = """
+import numpy as np
+from tfplan import heap
+heap.configure()
+core = getattr(np, "_core", None) or np.core  # numpy 2, numpy 1
+print(core.multiarray._set_madvise_hugepage(True))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    if user is not None:
+        env["NUMPY_MADVISE_HUGEPAGE"] = user
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, env=env)
+    assert out.stdout.split() == (["False"] if user is None else ["True"])
 
 
 def test_the_cli_keeps_one_malloc_arena_for_all_threads() -> None:

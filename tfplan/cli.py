@@ -417,7 +417,7 @@ the collector walked them over and over: measured on `tfplan solve` of 1F1B 32 x
 def main() -> None:
     """Console-script entry point."""
     gc.set_threshold(GC_THRESHOLD0, *gc.get_threshold()[1:])
-    heap.keep_large_allocations()  # page faults of a million-action job: tfplan.heap.MMAP_THRESHOLD
+    heap.configure()  # page faults of a million-action job: Note [first touches] in tfplan.heap
     app()
 
 
