@@ -61,7 +61,7 @@ HUGE_PAGES_FOR_ARRAYS = False
 """Whether numpy asks the kernel for transparent huge pages for its large arrays (numpy's default on Linux: yes,
 its NUMPY_MADVISE_HUGEPAGE=1). Here the kernel grants them on first touch (thp_fault_alloc in /proc/vmstat), and
 each is a fresh 2 MB block for the host to back (Note [first touches]). Measured on fastlp's solve of random-0
-1F1B 32 x 16384 with the heap settings above, alternating in fresh processes (10:05-10:13 UTC, three each):
+1F1B 32 x 16384 with the heap settings above, alternating in fresh processes (09:59-10:03 UTC, three each):
 18.2-20.3 s (median 18.6) on small pages against 24.0-26.0 s (median 24.4) on huge ones, 1.3-1.4 against
 5.1-5.5 s of system time, the same peak RSS (1389-1401 against 1391-1410 MiB). A user's own
 NUMPY_MADVISE_HUGEPAGE is left as it is."""
