@@ -232,6 +232,21 @@ def test_plan_retries_end_with_the_best_plan(monkeypatch, caplog) -> None:
     assert "misses its makespan or total-freeze bound" in caplog.text
 
 
+def test_the_plan_is_simulated_with_its_caps_kept(monkeypatch) -> None:
+    # _plan scales a stage whose mean ratio exceeds its cap by GLOP's tolerance (lp.keep_caps) before it
+    # simulates the plan: the simulation checked against T1 is the returned plan's, and tfplan.plan's
+    # predictions find it in the Dag's memo. Every ratio is nudged up by 1e-12 to make the binding caps exceed.
+    real = phases.expand_ratios
+    monkeypatch.setattr(phases, "expand_ratios", lambda c, x: np.minimum(real(c, x) * (1 + 1e-12), 1.0))
+    dag = dag_mod.build(schedules.generate("1f1b", 4, 24), _random_profile(4, seed=3))
+    sol = fastlp.solve(dag, 0.3)
+    means = [sum(sol.ratios[v] for v in group) / len(group) for group in dag.freeze_groups() if group]
+    assert max(means) == pytest.approx(0.3, abs=1e-12) and max(means) <= 0.3 + 1e-15  # a cap binds, and is kept
+    kept = dag.memo["last"]
+    assert kept[0] == dag.durations(sol.ratios)
+    assert simulate(dag, dag.durations(sol.ratios)) is kept[1]
+
+
 def test_plan_keeps_the_total_freeze_allowance() -> None:
     # Found in review: GLOP's dual simplex with presolve returned a phase-3 point whose total freeze was
     # 2x over R2's allowance (R2 (1 + 1e-9) + 1e-9) with the makespan fine; the plan check must see the total

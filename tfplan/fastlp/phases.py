@@ -246,7 +246,7 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
             "the full LP's duals miss the gap tolerance")
         log.warning("fastlp: %s; the plan is feasible but not certified optimal: %s", why, gaps)
     target = target_makespan_ms if last.phase.number > 1 else None
-    ratios = keep_caps(dag, _plan(dag, g, last, best, target, deadline).tolist(), cap_arr.tolist(), "fastlp")
+    ratios = _plan(dag, g, last, best, target, deadline, cap_arr.tolist())
     del g, margins, outcomes, last  # the compressions and LPs: hundreds of MB at a million actions
     release_freed_memory()
     return Solution(
@@ -442,8 +442,11 @@ def _lower_side(c: Compressed, phase: Phase, margins: Margins, deadline: Deadlin
     return lower, bound, 0 if lower is None else lower.iterations
 
 
-def _plan(dag: Dag, g: GraphArrays, last: _Outcome, best: float, target: float | None, deadline: Deadline):
-    """The ratio of every action from the last phase's tied primal (Note [LP tolerance]).
+def _plan(dag: Dag, g: GraphArrays, last: _Outcome, best: float, target: float | None, deadline: Deadline,
+          caps: list[float]) -> list[float]:
+    """The ratio of every action from the last phase's tied primal (Note [LP tolerance]), each stage's mean within
+    its cap (lp.keep_caps, before the plan is simulated: the simulation is the plan's, which tfplan.plan's
+    predictions then find in the Dag's memo).
 
     The plan must keep the rows its phase was solved under: its re-simulated makespan within T1 (1 + SIM_TOL)
     (or the target (1 + SIM_TOL)) and, in phase 3, its total freeze within R2's allowance r_ub (+ 1e-10
@@ -466,8 +469,8 @@ def _plan(dag: Dag, g: GraphArrays, last: _Outcome, best: float, target: float |
         result = upper if params is None else solve_glop(tied_primal(comp, phase), params, limit)
         if result is None or abs(result.objective - upper.objective) > 1e-7 * max(1.0, abs(upper.objective)):
             continue
-        ratios = expand_ratios(comp, result.x)
-        durations = g.d_max - ratios * g.delta
+        ratios = np.asarray(keep_caps(dag, expand_ratios(comp, result.x).tolist(), caps, "fastlp"))
+        durations = g.d_max - ratios * g.delta  # as dag.durations computes them, to the bit
         makespan, total = simulate(dag, durations.tolist()).makespan_ms, float(ratios.sum())
         miss = max(makespan / t_bound - 1, (total - r_bound) / max(1.0, r_bound), 0.0)  # relative, 0 = fits
         if best_plan is None or miss < best_plan[0]:
@@ -479,4 +482,4 @@ def _plan(dag: Dag, g: GraphArrays, last: _Outcome, best: float, target: float |
     miss, ratios, _ = best_plan
     if miss > 0.0:
         log.warning("fastlp: the plan misses its makespan or total-freeze bound by %.3g (relative)", miss)
-    return ratios
+    return ratios.tolist()
