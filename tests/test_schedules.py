@@ -86,6 +86,19 @@ def test_csv_round_trip(name: str) -> None:
     assert again == sched
 
 
+@pytest.mark.parametrize("name", list(schedules.SCHEDULES))
+def test_action_names_and_csv_are_what_str_and_the_csv_module_write(name: str) -> None:
+    # schedules.action_names skips str(Action) per action and to_csv joins the names: the same text.
+    import csv
+    import io
+
+    sched = schedules.generate(name, 4, 12)
+    assert schedules.action_names(sched) == [[str(a) for a in rank] for rank in sched.order]
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows([str(a) for a in rank] for rank in sched.order)
+    assert schedules.to_csv(sched) == buf.getvalue()
+
+
 def test_golden_csv_interleaved_1f1b_4x8() -> None:
     sched = schedules.generate("interleaved-1f1b", 4, 8, 2)
     assert schedules.to_csv(sched) == (GOLDEN / "interleaved-1f1b-P4-V2-M8.csv").read_text()

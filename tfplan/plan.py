@@ -205,8 +205,9 @@ def source_provenance(source: dict[str, Any]) -> dict[str, Any]:
     return dict(list(kept.items())[:MAX_SOURCE_FIELDS])
 
 
-def to_dict(plan: Plan) -> dict[str, Any]:
-    """The plan as its JSON object (docs/formats.md; Note [compact plan])."""
+def to_dict(plan: Plan, names: list[list[str]] | None = None) -> dict[str, Any]:
+    """The plan as its JSON object (docs/formats.md; Note [compact plan]); `names`: schedules.action_names of its
+    schedule, when the caller has them."""
     dag, sched = plan.dag, plan.schedule
     return {
         "schema_version": SCHEMA_VERSION,
@@ -219,7 +220,7 @@ def to_dict(plan: Plan) -> dict[str, Any]:
             "num_microbatches": sched.num_microbatches,
             "stages_per_rank": sched.stages_per_rank,
             "stage_to_rank": list(sched.stage_to_rank),
-            "order": [[str(a) for a in rank] for rank in sched.order],
+            "order": schedules.action_names(sched) if names is None else names,
         },
         "profile": {
             "name": plan.profile_name,
@@ -247,9 +248,10 @@ def write(plan: Plan, path: str | Path) -> Path:
     csv_path = path.with_suffix(".csv")
     if csv_path == path:
         raise TfplanError(f"plan path {path} must not end in .csv (the schedule CSV goes beside it)")
-    write_json_atomic(path, to_dict(plan))
+    names = schedules.action_names(plan.schedule)
+    write_json_atomic(path, to_dict(plan, names))
     try:
-        write_text_atomic(csv_path, schedules.to_csv(plan.schedule))
+        write_text_atomic(csv_path, schedules.to_csv(plan.schedule, names))
     except TfplanError:
         path.unlink(missing_ok=True)  # never leave a plan without its schedule CSV
         raise

@@ -340,13 +340,17 @@ def from_order(order: list[list[Action]], name: str = "custom", num_microbatches
     )
 
 
-def to_csv(schedule: Schedule) -> str:
-    """The schedule as torch's compute-only CSV: one row per rank, one action per cell."""
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    for actions in schedule.order:
-        writer.writerow([str(a) for a in actions])
-    return buf.getvalue()
+def action_names(schedule: Schedule) -> list[list[str]]:
+    """Per rank, its actions in torch's grammar (str(Action), without a method call per action: a million-action
+    plan names each twice, in its JSON and its CSV)."""
+    return [[f"{stage}{kind}{mb}" for stage, kind, mb in actions] for actions in schedule.order]
+
+
+def to_csv(schedule: Schedule, names: list[list[str]] | None = None) -> str:
+    """The schedule as torch's compute-only CSV: one row per rank, one action per cell; `names`: action_names of
+    the schedule, when the caller has them. An action's name never needs quoting (digits and one letter)."""
+    rows = action_names(schedule) if names is None else names
+    return "".join(",".join(row) + "\n" for row in rows)
 
 
 def parse_csv(text: str, source: str = "schedule CSV") -> list[list[Action]]:
