@@ -21,12 +21,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tfplan.actions import FREEZABLE, KINDS, Action
 from tfplan.errors import TfplanError
 from tfplan.profile import Profile, StageCost
 from tfplan.schedules import Schedule
 
 EDGE_KINDS = ("rank", "pipeline", "stage")  # the kind of predecessor slot 0, 1, 2
+KIND_CODE = {kind: code for code, kind in enumerate(KINDS)}  # F 0, B 1, I 2, W 3: kinds as ints in arrays
 
 
 @dataclass(slots=True)
@@ -82,6 +85,12 @@ class Dag:
             return [hi - r * (hi - lo) if f else hi for hi, lo, f in zip(self.d_max, self.d_min, self.freezable)]
         assert len(ratios) == self.num_nodes
         return [hi - r * (hi - lo) for hi, lo, r in zip(self.d_max, self.d_min, ratios)]
+
+    def action_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(stage, KIND_CODE of the kind, micro-batch) per node as (n,) int64 arrays (kept from build)."""
+        if "action arrays" not in self.memo:
+            self.memo["action arrays"] = _action_arrays(self.actions)
+        return self.memo["action arrays"]
 
     def freeze_mask(self) -> list[bool]:
         """Per node: whether it has a freeze ratio (Note [freeze groups]): a B or W action whose frozen duration
@@ -171,51 +180,48 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
     """
     costs = profile.stage_costs(schedule.num_stages, layers_per_stage)
     actions = [a for rank_actions in schedule.order for a in rank_actions]
-    node = {a: i for i, a in enumerate(actions)}  # looked up with plain tuples: equal to Actions, cheaper to make
     n = len(actions)
-    rank = [r for r, rank_actions in enumerate(schedule.order) for _ in rank_actions]
-    on_rank = schedule.stage_to_rank
+    # Whole arrays, not a loop over actions (a million-action DAG: 0.8 s against 1.6 s): every (stage, kind,
+    # micro-batch) names at most one node, so a table indexed by it finds each predecessor; the schedule is
+    # validated, so the ones the edges need exist.
+    stage, kind, mb = _action_arrays(actions)
+    num_mb = schedule.num_microbatches
+    node = np.full(schedule.num_stages * len(KINDS) * num_mb + 1, -1, dtype=np.int64)
+    none = len(node) - 1  # node[none] = -1: "no predecessor"
+    node[(stage * len(KINDS) + kind) * num_mb + mb] = np.arange(n)
+
+    def find(s: np.ndarray, k: int, where: np.ndarray) -> np.ndarray:
+        """Per action where `where` holds: the node of (s, k, its micro-batch); -1 elsewhere or if none."""
+        return node[np.where(where, (s * len(KINDS) + k) * num_mb + mb, none)]
+
+    f, b, i, w = (KIND_CODE[k] for k in ("F", "B", "I", "W"))
+    is_f, is_w, is_back = kind == f, kind == w, (kind == b) | (kind == i)
+    up = is_back & (stage < schedule.num_stages - 1)
+    up_b, up_i = find(stage + 1, b, up), find(stage + 1, i, up)
+    pipe = np.where(is_f, find(stage - 1, f, is_f & (stage > 0)), np.where(up_b >= 0, up_b, up_i))
+    same = np.where(is_back, find(stage, f, is_back), find(stage, i, is_w))
+    on_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
     p2p = profile.p2p_ms
-
-    prev_rank: list[int] = []
-    for rank_actions in schedule.order:  # each rank's first action has none, the others the one before
-        at = len(prev_rank)
-        prev_rank += [-1] + list(range(at, at + len(rank_actions) - 1)) if rank_actions else []
-
-    pipe, pipe_lag, same = [-1] * n, [0.0] * n, [-1] * n
-    last = schedule.num_stages - 1
-    for i, (s, kind, m) in enumerate(actions):
-        if kind == "F":
-            if s > 0:
-                pipe[i] = node[(s - 1, "F", m)]
-        elif kind in ("B", "I"):
-            same[i] = node[(s, "F", m)]
-            if s < last:
-                up = node.get((s + 1, "B", m))
-                pipe[i] = up if up is not None else node[(s + 1, "I", m)]
-        else:  # W
-            same[i] = node[(s, "I", m)]
-        if pipe[i] >= 0 and on_rank[actions[pipe[i]].stage] != on_rank[s]:
-            pipe_lag[i] = p2p
+    crosses = (pipe >= 0) & (on_rank[stage[np.maximum(pipe, 0)]] != on_rank[stage])
+    sizes = np.array([len(rank_actions) for rank_actions in schedule.order], dtype=np.int64)
+    prev_rank = np.arange(n) - 1  # each rank's first action has none, the others the one before
+    prev_rank[(np.cumsum(sizes) - sizes)[sizes > 0]] = -1
 
     dispatch = profile.dispatch_ms
-    by_kind = {(s, kind): (hi + dispatch, lo + dispatch)  # (max, min) per stage and kind, looked up per action
-               for s, c in enumerate(costs) for kind in KINDS for hi, lo in [_costs(c, kind)]}
-    pairs = [by_kind[s, kind] for s, kind, _ in actions]
-    d_max, d_min = [hi for hi, _ in pairs], [lo for _, lo in pairs]
+    by_kind = np.array([[_costs(c, k) for k in KINDS] for c in costs], dtype=np.float64).reshape(-1, 2) + dispatch
+    cell = stage * len(KINDS) + kind  # row of by_kind: (max, min) per stage and kind
     tails = [0.0] * schedule.num_ranks
     for s, cost in enumerate(costs):
-        tails[on_rank[s]] += cost.tail_ms
-    preds = (prev_rank, pipe, same)
+        tails[schedule.stage_to_rank[s]] += cost.tail_ms
     dag = Dag(
         schedule=schedule,
         actions=actions,
-        rank=rank,
-        preds=preds,
-        lags=([0.0] * n, pipe_lag, [0.0] * n),
-        d_max=d_max,
-        d_min=d_min,
-        freezable=[a.kind in FREEZABLE for a in actions],
+        rank=np.repeat(np.arange(len(sizes)), sizes).tolist(),
+        preds=(prev_rank.tolist(), pipe.tolist(), same.tolist()),
+        lags=([0.0] * n, np.where(crosses, p2p, 0.0).tolist(), [0.0] * n),
+        d_max=by_kind[cell, 0].tolist(),
+        d_min=by_kind[cell, 1].tolist(),
+        freezable=np.isin(kind, [KIND_CODE[k] for k in FREEZABLE]).tolist(),
         topo=[],
         stage_costs=tuple(costs),
         p2p_ms=p2p,
@@ -223,8 +229,17 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
         tail_ms=tuple(tails),
         step_overhead_ms=profile.step_overhead_ms,
     )
+    dag.memo["action arrays"] = (stage, kind, mb)
     dag.topo = _topological_order(dag)
     return dag
+
+
+def _action_arrays(actions: Sequence[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(stage, KIND_CODE of the kind, micro-batch) per action, as (n,) int64 arrays."""
+    n = len(actions)  # generator expressions: several times faster than zip(*actions) at a million actions
+    return (np.fromiter((a[0] for a in actions), np.int64, n),
+            np.fromiter((KIND_CODE[a[1]] for a in actions), np.int64, n),
+            np.fromiter((a[2] for a in actions), np.int64, n))
 
 
 def _topological_order(dag: Dag) -> list[int]:

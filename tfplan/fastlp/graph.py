@@ -18,7 +18,6 @@ import numpy as np
 
 from tfplan.dag import Dag
 
-KIND_CODE = {"F": 0, "B": 1, "I": 2, "W": 3}
 FIRST_MARGIN = 2
 """Periods left untied at each end of a run in phase 1's first round (tfplan.fastlp.phases.solve's default)."""
 
@@ -68,10 +67,7 @@ class GraphArrays:
     @classmethod
     def from_dag(cls, dag: Dag) -> GraphArrays:
         n = dag.num_nodes
-        acts = dag.actions  # list comprehensions: several times faster than zip(*acts) at a million actions
-        stage = np.fromiter((a[0] for a in acts), np.int64, n)
-        kind = np.fromiter((KIND_CODE[a[1]] for a in acts), np.int64, n)
-        mb = np.fromiter((a[2] for a in acts), np.int64, n)
+        stage, kind, mb = dag.action_arrays()
         rank = np.asarray(dag.rank, dtype=np.int64)
         preds = np.stack([np.fromiter(p, np.int64, n) for p in dag.preds]) if n else np.zeros((3, 0), np.int64)
         lags = np.stack([np.fromiter(x, np.float64, n) for x in dag.lags]) if n else np.zeros((3, 0))
