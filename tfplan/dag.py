@@ -207,9 +207,11 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
     prev_rank = np.arange(n) - 1  # each rank's first action has none, the others the one before
     prev_rank[(np.cumsum(sizes) - sizes)[sizes > 0]] = -1
 
+    # The float lists index a few shared floats (per stage and kind; 0 or p2p), as the per-action loop did:
+    # ndarray.tolist() would make a float object per action (72 MB more at a million actions).
     dispatch = profile.dispatch_ms
-    by_kind = np.array([[_costs(c, k) for k in KINDS] for c in costs], dtype=np.float64).reshape(-1, 2) + dispatch
-    cell = stage * len(KINDS) + kind  # row of by_kind: (max, min) per stage and kind
+    by_kind = [(hi + dispatch, lo + dispatch) for c in costs for hi, lo in (_costs(c, k) for k in KINDS)]
+    cells = (stage * len(KINDS) + kind).tolist()  # index into by_kind
     tails = [0.0] * schedule.num_ranks
     for s, cost in enumerate(costs):
         tails[schedule.stage_to_rank[s]] += cost.tail_ms
@@ -218,9 +220,9 @@ def build(schedule: Schedule, profile: Profile, layers_per_stage: Sequence[int] 
         actions=actions,
         rank=np.repeat(np.arange(len(sizes)), sizes).tolist(),
         preds=(prev_rank.tolist(), pipe.tolist(), same.tolist()),
-        lags=([0.0] * n, np.where(crosses, p2p, 0.0).tolist(), [0.0] * n),
-        d_max=by_kind[cell, 0].tolist(),
-        d_min=by_kind[cell, 1].tolist(),
+        lags=([0.0] * n, list(map([0.0, p2p].__getitem__, crosses.tolist())), [0.0] * n),
+        d_max=list(map([hi for hi, _ in by_kind].__getitem__, cells)),
+        d_min=list(map([lo for _, lo in by_kind].__getitem__, cells)),
         freezable=np.isin(kind, [KIND_CODE[k] for k in FREEZABLE]).tolist(),
         topo=[],
         stage_costs=tuple(costs),
