@@ -7,11 +7,13 @@ each GLOP solve (release_between_solves). The malloc settings do nothing where t
 No heavy imports at module level: the CLI imports this before anything else runs.
 
 Note [first touches]
-  On this 2-core VM (a Firecracker guest) memory the process touches for the first time is slow, and slower
-  still in 2 MB pages: a 2 MB block the guest kernel hands out has usually been handed back to the host, which
-  then backs it afresh. A million-action solve grows by about 1 GB (random-0 1F1B 32 x 16384: 426 -> 1389 MiB),
-  and its steps cost what they grow (tfplan.fastlp's first compression: 149 MiB in 1.29 s; a tied dual that
-  grows 143 MiB 1.61 s, one that grows 9 MiB 0.42 s). Each setting below cuts that cost and is measured there.
+  On this 2-core VM (a Firecracker guest) memory the process touches for the first time is slow, and much
+  slower in 2 MB pages (a 1 GiB memset on small pages took 0.65 s; numpy's huge-page arrays cost up to 7 ms
+  per MB). Our reading, not verified on the host: the guest hands free 2 MB blocks back to the host (free
+  page reporting), which must back each afresh when it is touched again. A million-action solve grows by
+  about 1 GB (random-0 1F1B 32 x 16384: 426 -> 1389 MiB), and its steps cost what they grow (on huge pages:
+  tfplan.fastlp's first compression 149 MiB in 1.29 s; a tied dual that grows 143 MiB 1.61 s, one that grows
+  9 MiB 0.42 s). Each setting below cuts that cost and is measured there.
 """
 
 from __future__ import annotations
