@@ -609,10 +609,17 @@ def test_an_unneeded_dual_is_stopped_and_the_earlier_bound_certifies(monkeypatch
     import time as time_mod
 
     dag = dag_mod.build(schedules.generate("1f1b", 4, 32), _random_profile(4, 6))
-    real, calls, stopped = phases._lower_side, [], []
+    real, calls, stopped, duals, certified = phases._lower_side, [], [], {}, phases._certified
+
+    def record(phase, margins, *args):
+        out = certified(phase, margins, *args)
+        duals.setdefault(f"handed by {phase.number}", int(sum(m.sum() for m in margins.dual)))
+        return out
 
     def slow(c, phase, margins, deadline, warm, jobs, stop):
         calls.append(phase.number)
+        periods = int(sum(m.sum() for m in margins.dual))  # the round's dual margin
+        duals.setdefault(f"round {calls.count(phase.number)} of {phase.number}", periods)
         if phase.number == 2 and calls.count(2) == 2:
             for _ in range(3000):  # at most 30 s
                 if stop.over:
@@ -622,12 +629,14 @@ def test_an_unneeded_dual_is_stopped_and_the_earlier_bound_certifies(monkeypatch
         return real(c, phase, margins, deadline, warm, jobs, stop)
 
     monkeypatch.setattr(phases, "_lower_side", slow)
+    monkeypatch.setattr(phases, "_certified", record)
     got = fastlp.solve(dag, 0.9, None, margin=1)
     ref = solver.solve(dag, 0.9)
     for mine, theirs, rel in zip(got.phases, ref.phases, (PHASE1_REL, PHASE2_REL, PHASE3_REL)):
         assert mine.status == "OPTIMAL" and mine.objective == pytest.approx(theirs.objective, rel=rel)
     assert stopped == [True]
     assert calls.count(2) == 2
+    assert duals["handed by 2"] == duals["round 1 of 2"] < duals["round 2 of 2"]
 
 
 def test_a_warm_dual_that_has_not_finished_in_its_head_start_gives_way_to_the_race(monkeypatch) -> None:
