@@ -340,19 +340,16 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
                                        upper_jobs if solve_p else [], stop)
                 if solve_p and best_lower > -INF:
                     wait([*upper_jobs, dual_job], return_when=FIRST_COMPLETED)
-                    if not dual_job.done() and all(job.done() for job in upper_jobs):
-                        first = min((r.objective for r in (job.result() for job in upper_jobs) if r is not None),
-                                    default=INF)
-                        scale = max(1.0, abs(first))
-                        if -NEG_GAP * scale <= first - best_lower <= gap_tol(phase.number) * scale:
-                            stop.finish()  # an earlier round's L already meets U
-                            cut = True
+                    first = _best_upper(upper_jobs) if all(job.done() for job in upper_jobs) else None
+                    if not dual_job.done() and first is not None and \
+                            _certifies(first.objective - best_lower, max(1.0, abs(first.objective)), phase.number):
+                        stop.finish()  # an earlier round's L already meets U
+                        cut = True
                 lower, fresh, spent = dual_job.result()
                 iterations += spent
                 bound = max(best_lower, fresh)
             if solve_p:
-                upper = min((r for r in (job.result() for job in upper_jobs) if r is not None), default=None,
-                            key=lambda r: r.objective)
+                upper = _best_upper(upper_jobs)
                 iterations += upper.iterations if upper else 0
                 carried = None if upper is None else (upper, c)
             if exact:  # the untied primal's own row duals
@@ -389,7 +386,7 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
             best_lower = max(best_lower, bound)
             if not cut:  # (a cut dual's margin has no bound of its own to hand on)
                 rounds.append((margins.dual, bound, lower))
-            if -NEG_GAP * scale <= gap <= tol:  # far below 0 would be numerical trouble
+            if _certifies(gap, scale, phase.number):
                 certified = True
                 break
             if exact:
@@ -420,6 +417,17 @@ def _certified(phase: Phase, margins: Margins, deadline: Deadline, before: _Outc
         iterations=iterations, wall_s=time.perf_counter() - start, gap=gap,
     )
     return _Outcome(result, upper, c, phase, primal, handed)
+
+
+def _best_upper(jobs: list[Future]) -> LPResult | None:
+    """The smallest U the tied primal's finished `jobs` found (None when none found one)."""
+    return min((r for r in (job.result() for job in jobs) if r is not None), default=None, key=lambda r: r.objective)
+
+
+def _certifies(gap: float, scale: float, number: int) -> bool:
+    """Whether U - L = gap certifies phase `number`, scale = max(1, |U|): within lp.gap_tol, and not far below 0
+    (L <= U by weak duality, so that would be numerical trouble: NEG_GAP)."""
+    return -NEG_GAP * scale <= gap <= gap_tol(number) * scale
 
 
 def _lower_side(c: Compressed, phase: Phase, margins: Margins, deadline: Deadline, warm: LPResult | None,
