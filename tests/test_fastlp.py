@@ -26,7 +26,7 @@ from tfplan.fastlp.dual import tied_dual
 from tfplan.fastlp.glop import solve_glop
 from tfplan.fastlp.graph import GraphArrays, Runs
 from tfplan.fastlp.margins import Margins
-from tfplan.fastlp.tied import Compressed, Phase, tied_primal
+from tfplan.fastlp.tied import BASIC, Compressed, Phase, tied_primal
 from tfplan.profile import Profile, StageCost
 from tfplan.simulate import simulate
 
@@ -538,7 +538,7 @@ def test_phase_3_from_phase_2s_basis_finds_the_same_optimum(monkeypatch) -> None
     def spy(where: str):
         def solve_warm(primal, basis, params, limit=None, **kwargs):
             cols, rows = basis
-            assert np.count_nonzero(cols == 5) + np.count_nonzero(rows == 5) == len(primal.row_lo)  # square
+            assert np.count_nonzero(cols == BASIC) + np.count_nonzero(rows == BASIC) == len(primal.row_lo)  # square
             used.append((where, params, primal.maximize))
             return real(primal, basis, params, limit, **kwargs)
 
@@ -587,8 +587,7 @@ def test_a_warm_solve_in_a_race_that_is_over_does_not_run() -> None:
 def test_a_race_within_another_ends_with_it() -> None:
     # Note [unneeded duals]: a tied dual that phases no longer needs is stopped through the Race it was given,
     # whatever race glop.race runs inside it; once that Race is over, glop.race solves nothing.
-    from tfplan.fastlp.glop import Race
-
+    Race = glop.Race
     outer, inner = Race(), Race()
     assert outer.enter(inner)
     outer.finish()
