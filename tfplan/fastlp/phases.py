@@ -477,17 +477,18 @@ def _plan(dag: Dag, g: GraphArrays, last: _Outcome, best: float, target: float |
         result = upper if params is None else solve_glop(tied_primal(comp, phase), params, limit)
         if result is None or abs(result.objective - upper.objective) > 1e-7 * max(1.0, abs(upper.objective)):
             continue
-        ratios = np.asarray(keep_caps(dag, expand_ratios(comp, result.x).tolist(), caps, "fastlp"))
+        kept = keep_caps(dag, expand_ratios(comp, result.x).tolist(), caps, "fastlp")
+        ratios = np.asarray(kept)
         durations = g.d_max - ratios * g.delta  # as dag.durations computes them, to the bit
         makespan, total = simulate(dag, durations.tolist()).makespan_ms, float(ratios.sum())
         miss = max(makespan / t_bound - 1, (total - r_bound) / max(1.0, r_bound), 0.0)  # relative, 0 = fits
         if best_plan is None or miss < best_plan[0]:
-            best_plan = (miss, ratios, durations)
+            best_plan = (miss, kept)
         if miss == 0.0:
             break
         log.debug("fastlp: plan misses its bounds by %.3g (makespan %.15g of %.15g, total freeze %.15g of %.15g); "
                   "re-solving the last phase", miss, makespan, t_bound, total, r_bound)
-    miss, ratios, _ = best_plan
+    miss, kept = best_plan
     if miss > 0.0:
         log.warning("fastlp: the plan misses its makespan or total-freeze bound by %.3g (relative)", miss)
-    return ratios.tolist()
+    return kept
