@@ -191,6 +191,29 @@ def test_primal_and_dual_margins_grow_apart(monkeypatch) -> None:
     assert warm == [True]  # phase 3's primal started from phase 2's basis (its compression kept while the dual's grew)
 
 
+def test_a_lagging_run_catches_up_with_the_median_in_phases_2_and_3() -> None:
+    # Note [lagging runs]: in phases 2-3 a grown margin lifts each end of every run to at least the median over
+    # the runs of that end's 2 m + 1 (the primal's and the dual's alike); runs at or above it grow as before, and
+    # phase 1 only doubles.
+    dag = dag_mod.build(schedules.generate("1f1b", 8, 96), _random_profile(8, seed=2))
+    g = GraphArrays.from_dag(dag)
+    runs = Runs.detect(g)
+    k = runs.num_runs
+    assert k >= 3
+    for phase in (1, 2, 3):
+        margins = Margins(dag, g, runs, 1, 1, simulate(dag).start_ms)
+        margins.start(phase)
+        head, tail = np.full(k, 3), np.full(k, 2)
+        head[0], tail[0] = 0, 0  # run 0 lags at both ends
+        head[1], tail[1] = 10, 9  # run 1 is ahead
+        margins.current = margins.dual = (head, tail)
+        for grown in (margins.grow((head, tail)), margins.dual if margins.grow_dual() else None):
+            assert grown is not None
+            lifted = phase > 1
+            assert grown[0].tolist() == [7 if lifted else 1, 21] + [7] * (k - 2)
+            assert grown[1].tolist() == [5 if lifted else 1, 19] + [5] * (k - 2)
+
+
 def test_the_dual_margin_always_ties_something() -> None:
     # Margins.start: the dual's margin is the per-run maximum of the handed-on one and the phase's start, which
     # can tie nothing where the primal's still ties; the dual then starts at the primal's. A capped catch-up
