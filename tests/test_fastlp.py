@@ -214,6 +214,25 @@ def test_a_lagging_run_catches_up_with_the_median_in_phases_2_and_3() -> None:
             assert grown[1].tolist() == [5 if lifted else 1, 19] + [5] * (k - 2)
 
 
+def test_lifting_a_lagging_run_saves_growths(monkeypatch) -> None:
+    # Note [lagging runs], end to end: on this instance phases 2-3 start from aligned margins where a run lags;
+    # doubling alone grew the margins three times each (primal and dual), the median lift twice. The optima
+    # are the full LP's either way.
+    dag = dag_mod.build(schedules.generate("1f1b", 8, 64), _random_profile(8, seed=2))
+    grow, grow_dual = Margins.grow, Margins.grow_dual
+    growths = []
+    monkeypatch.setattr(Margins, "grow", lambda self, m: growths.append("primal") or grow(self, m))
+    monkeypatch.setattr(Margins, "grow_dual", lambda self, cap=None: growths.append("dual") or grow_dual(self, cap))
+    lifted = _assert_agrees(dag, 0.9)
+    with_lift, growths[:] = list(growths), []
+    monkeypatch.setattr(Margins, "_doubled", lambda self, m: (2 * m[0] + 1, 2 * m[1] + 1))
+    plain = fastlp.solve(dag, 0.9)
+    assert plain.status == "OPTIMAL"
+    assert [p.objective for p in plain.phases] == pytest.approx([p.objective for p in lifted.phases], rel=PHASE3_REL)
+    assert (with_lift.count("primal"), with_lift.count("dual")) == (2, 2)
+    assert (growths.count("primal"), growths.count("dual")) == (3, 3)
+
+
 def test_the_dual_margin_always_ties_something() -> None:
     # Margins.start: the dual's margin is the per-run maximum of the handed-on one and the phase's start, which
     # can tie nothing where the primal's still ties; the dual then starts at the primal's. A capped catch-up
