@@ -28,8 +28,8 @@ starts at 128 KiB and rises to at most 32 MiB). Pages the process has not touche
 this 2-core VM first touches cost about 7 ms per MB inside a solve (a 2M-row gather: 0.15-0.46 s the first
 time, 1-10 ms again); numpy's arrays of a million-action job (8-64 MB each) were all fresh mappings. Measured on
 `tfplan solve` of random-0 1F1B 32 x 16384, alternating in one session: 31.9-32.1 s (median 32.0) against
-32.9-37.0 s (median 36.1) with glibc's default, peak RSS 1385-1391 against 1316-1332 MiB (release_freed_memory
-after each GLOP solve still hands freed heap memory back). The automatic trim on free is raised to the same,
+32.9-37.0 s (median 36.1) with glibc's default, peak RSS 1385-1391 against 1316-1332 MiB (measured with
+release_freed_memory after each GLOP solve, before ARENA_MAX). The automatic trim on free is raised to the same,
 so freed memory is kept until such a trim. (Most of those 7 ms per MB, it turned out, were numpy's huge
 pages: HUGE_PAGES_FOR_ARRAYS. On small pages the threshold still pays: fastlp's solve 18.2-20.3 s against
 20.9-23.1 s with glibc's default threshold, alternating, 09:59-10:03 UTC.)"""

@@ -341,8 +341,8 @@ def from_order(order: list[list[Action]], name: str = "custom", num_microbatches
 
 
 def action_names(schedule: Schedule) -> list[list[str]]:
-    """Per rank, its actions in torch's grammar (str(Action), without a method call per action: a million-action
-    plan names each twice, in its JSON and its CSV)."""
+    """Per rank, its actions in torch's grammar (str(Action), without a method call per action; tfplan.plan.write
+    names a million actions once for both its JSON and its CSV)."""
     return [[f"{stage}{kind}{mb}" for stage, kind, mb in actions] for actions in schedule.order]
 
 

@@ -56,10 +56,9 @@ Note [periodic compression]
   1e-7): the phase reports max(U, L) and its gap U - L, and the last phase's tied primal solution, expanded
   to every action, is the plan. Otherwise the margins grow (2 margin + 1, in phases 2-3 at least the runs'
   median, Note [lagging runs]; the primal's and the dual's each on its own, Note [two margins], both in
-  margins.py) and the phase is solved again; once nothing is tied, the
-  tied primal is the full LP and its own row duals give L. Both bounds hold for any choice of ties, so a wrong
-  guess of the structure costs time, never correctness. The two LPs of a margin are solved in two threads
-  (GLOP releases the GIL).
+  margins.py) and the phase is solved again; once nothing is tied, the tied primal is the full LP and its
+  own row duals give L. Both bounds hold for any choice of ties, so a wrong guess of the structure costs
+  time, never correctness. The two LPs of a margin are solved in two threads (GLOP releases the GIL).
   Time limit. Every GLOP call gets what is left of the solve's time limit. When it runs out, the solve stops
   at the first uncertified phase and returns the best tied primal point found so far (of that phase, or of
   the last certified one) as a FEASIBLE plan with its gap, with a warning; with no feasible point at all it

@@ -119,13 +119,13 @@ class Margins:
         return primal, dual
 
     def grow(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
-        """The primal's margin grown to 2 m + 1; None once that ties nothing."""
+        """The primal's margin grown (_doubled); None once that ties nothing."""
         self.current = self._grown(margin)
         return self.current
 
     def grow_dual(self, cap: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
-        """The dual's margin grown to 2 m + 1, at most `cap` where it is below `cap` (never shrunk); False
-        (unchanged) when that would tie nothing."""
+        """The dual's margin grown as the primal's (_doubled), at most `cap` where it is below `cap` (never shrunk);
+        False (unchanged) when that would tie nothing."""
         grown = self._doubled(self.dual)
         if cap is not None:
             grown = (np.maximum(self.dual[0], np.minimum(grown[0], cap[0])),
