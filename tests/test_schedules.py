@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+
 import pytest
 
 from tests.conftest import GOLDEN, torch_or_skip
@@ -89,9 +92,6 @@ def test_csv_round_trip(name: str) -> None:
 @pytest.mark.parametrize("name", list(schedules.SCHEDULES))
 def test_action_names_and_csv_are_what_str_and_the_csv_module_write(name: str) -> None:
     # schedules.action_names skips str(Action) per action and to_csv joins the names: the same text.
-    import csv
-    import io
-
     sched = schedules.generate(name, 4, 12)
     assert schedules.action_names(sched) == [[str(a) for a in rank] for rank in sched.order]
     buf = io.StringIO()
