@@ -14,7 +14,7 @@ uniform-0.9 (the cap-0.9 plan's mean ratio everywhere); apf; autofreeze; the hyb
 20-step unfrozen run from the regime's starting weights: OUT/<regime>/seedS/noise-probe).
 
 For each regime and seed: `tfrun compare` (table, JSON, curves), the noise scale of the unfrozen run over its
-steps, APF's per-scalar statistic, and the learning model's prediction (tfplan.goodput: efficiency from each
+steps, APF's per-scalar statistic, and the learning model's prediction (tfplan.cost.goodput: efficiency from each
 run's realised per-stage ratios and the unfrozen run's median noise scale, times the run's measured speedup)
 against the measured gap at equal time.
 
@@ -107,7 +107,7 @@ def pretrain(out: Path, plan: Path, flat: float, max_steps: int, chunk: int = 20
 
 def noise_profile(folder: Path, plan: Path, seed: int, start: list[str], regime: dict) -> Path:
     """The shipped profile with the noise section a user would measure: 20 unfrozen steps from the regime's
-    starting weights, the noise scale at every step (tfrun.noise), its median per stage."""
+    starting weights, the noise scale at every step (tfrun.freeze.noise), its median per stage."""
     probe = folder / "noise-probe"
     summary = train(probe, plan, "none", 20, seed, [*start, "--noise-every", "1", "--lr", regime["lr"]])
     prof = json.loads(PROFILE.read_text())
@@ -123,7 +123,7 @@ def noise_profile(folder: Path, plan: Path, seed: int, start: list[str], regime:
 def predictions(folders: dict[str, Path], compared: dict, batch_tokens: float) -> str:
     """The learning model's goodput for every run (efficiency from its realised per-stage ratios at the unfrozen
     run's median noise scale, times its measured speedup) against its measured gap at equal time."""
-    from tfplan.goodput import NoiseModel, progress
+    from tfplan.cost.goodput import NoiseModel, progress
 
     none = json.loads((folders["none"] / "summary.json").read_text())
     noise = NoiseModel(noise_scale_tokens=tuple(none["noise_scale_tokens"]),

@@ -5,8 +5,8 @@ unfrozen run's, by 3.7% on average. `tfplan explain`'s forward speed takes the f
 machine's, which is wrong if freezing itself slows them. Two measurements separate the causes:
 
 1. `--micro`: one process, the tiny model's two stages, each micro-batch forward timed plain and as the
-   executor runs it when the micro-batch freezes a share r of the stage's tensors (tfrun.runtime Note [freeze
-   methods], `detach`: torch.func.functional_call with the frozen weights detached). The variants are taken
+   executor runs it when the micro-batch freezes a share r of the stage's tensors (tfrun.distributed.runtime Note
+   [freeze methods], `detach`: torch.func.functional_call with the frozen weights detached). The variants are taken
    interleaved in a shuffled order, many times, so the machine's drift hits them alike.
 2. `--runs`: whole 2-rank runs, unfrozen (A) and the cap-0.9 plan (B), in the order A B B A A B (so neither
    always runs first); each run's median forward per stage from timings.json.
@@ -33,7 +33,7 @@ PROFILE = ROOT / "profiles" / "tiny-cpu-2stages.json"
 def micro(repeats: int, shares: list[float], seed: int = 0) -> None:
     import torch
 
-    from tfrun.freezing import candidates
+    from tfrun.freeze.candidates import candidates
     from tfrun.models import MODELS, build_stage
 
     torch.set_num_threads(1)

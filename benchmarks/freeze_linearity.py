@@ -5,8 +5,8 @@ freezes share r = RATIOS[m % 6] of its stage's weight-gradient cost, frozen sets
 every ratio is measured in the same run under the same conditions (this machine's timings drift between
 runs). Per stage and ratio we take the median backward time over the timed steps, fit a line and print it
 with its worst residual and the worst gap to the straight line between the r = 0 and r = 1 medians (what a
-profile gives the LP). One run per freeze method (detach, grad: tfrun.runtime Note [freeze methods]) and
-one with rotating random subsets on stage 0 instead of the prefix (tfrun.freezing Note [freeze policy]).
+profile gives the LP). One run per freeze method (detach, grad: tfrun.distributed.runtime Note [freeze methods]) and
+one with rotating random subsets on stage 0 instead of the prefix (tfrun.freeze.freezing Note [freeze policy]).
 
     python benchmarks/freeze_linearity.py            # about 2 minutes on 2 CPU cores
     python benchmarks/freeze_linearity.py --quick    # fewer steps
@@ -20,9 +20,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from tfplan import schedules
-from tfrun.config import TrainConfig
-from tfrun.launch import launch
+from tfplan.schedule import schedules
+from tfrun.config.train_config import TrainConfig
+from tfrun.distributed.launch import launch
 
 RATIOS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 

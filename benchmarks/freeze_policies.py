@@ -34,7 +34,7 @@ POLICIES = ("auto", "skip", "random", "prefix", "weighted")
 
 def make_plans(root: Path) -> dict[str, Path]:
     """lp: the LP's plan at cap 0.9; stress: every freezable action at 0.9 (valid at cap 0.9)."""
-    from tfplan import job, plan
+    from tfplan.plan import job, plan
 
     spec = job.JobSpec(profile_path=str(PROFILE), schedule="1f1b", num_microbatches=M)
     lp = job.solve_job(spec, CAP)
@@ -47,9 +47,10 @@ def make_plans(root: Path) -> dict[str, Path]:
 
 def offline_variation(plan_path: Path, policies: list[str], steps: int = 100) -> list[str]:
     """(a): mean simulated step under each policy's realised frozen sets vs the LP's makespan."""
-    from tfplan import plan as plan_mod
-    from tfplan.simulate import simulate
-    from tfrun.freezing import Freezer, candidates
+    from tfplan.plan import plan as plan_mod
+    from tfplan.step.simulate import simulate
+    from tfrun.freeze.candidates import candidates
+    from tfrun.freeze.freezing import Freezer
     from tfrun.models import MODELS, build_stage
 
     p = plan_mod.load(plan_path)

@@ -1,7 +1,7 @@
 """How long the goodput objective takes against the makespan objective (issue 21: at most 2x on 1F1B 32 x 512).
 
-For each size: the makespan plan (tfplan.job.solve_plan, three phases, backend auto) and the goodput plan
-(the goodput search, tfplan/fastlp/goodput.py, then the plan's LP at its stage means), on the uniform profile
+For each size: the makespan plan (tfplan.plan.job.solve_plan, three phases, backend auto) and the goodput plan
+(the goodput search, tfplan/solve/fastlp/goodput.py, then the plan's LP at its stage means), on the uniform profile
 (F = 1, B = 2, frozen B = 1 ms) with a given noise section (every stage N tokens, equal |G|^2 shares, 2,048
 tokens a micro-batch), cap 0.9; medians of --repeats alternating runs in this process, and the goodput LP's
 solves, Dinkelbach steps and the predicted goodput.
@@ -16,9 +16,11 @@ import os
 import statistics
 import time
 
-from tfplan import dag as dag_mod
-from tfplan import job, profile, schedules
-from tfplan.goodput import NoiseModel
+from tfplan.cost import profile
+from tfplan.cost.goodput import NoiseModel
+from tfplan.plan import job
+from tfplan.schedule import schedules
+from tfplan.step import dag as dag_mod
 
 
 def main() -> None:

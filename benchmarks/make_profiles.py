@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tfplan import costmodel
+from tfplan.cost import costmodel
+from tfplan.cost.profile import split_profile
 from tfplan.fileio import write_json_atomic
-from tfplan.profile import split_profile
 
 ROOT = Path(__file__).resolve().parent.parent / "profiles"
 

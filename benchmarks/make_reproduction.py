@@ -2,7 +2,7 @@
 
     python benchmarks/make_reproduction.py            # writes docs/reproduction.md (about a minute)
 
-Everything is computed here from the analytic cost model (tfplan.costmodel) and the LP (tfplan.solver);
+Everything is computed here from the analytic cost model (tfplan.cost.costmodel) and the LP (tfplan.solve.solver);
 nothing is copied from the paper except the claims quoted in the first table's caption.
 """
 
@@ -11,8 +11,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tfplan import costmodel, dag, plan, schedules, solver
-from tfplan.profile import Profile
+from tfplan.cost import costmodel
+from tfplan.cost.profile import Profile
+from tfplan.plan import plan
+from tfplan.schedule import schedules
+from tfplan.solve import solver
+from tfplan.step import dag
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "reproduction.md"
 CAPS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)

@@ -1,4 +1,5 @@
-"""What measuring the gradient noise scale costs a step (tfrun.noise; issue 21: at most 3% at the default period).
+"""What measuring the gradient noise scale costs a step (tfrun.freeze.noise; issue 21: at most 3% at the default
+period).
 
 Runs of the tiny model on 2 gloo ranks (1F1B, 8 micro-batches of 4 x 128 tokens, unfrozen), alternating
 --noise-every 0 (off: the hooks only return), the default period and 1 (every step), three rounds in the
@@ -25,7 +26,7 @@ PROFILE = ROOT / "profiles" / "tiny-cpu-2stages.json"
 
 
 def main() -> None:
-    from tfrun.config import NOISE_EVERY
+    from tfrun.config.train_config import NOISE_EVERY
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=40)

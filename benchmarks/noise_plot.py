@@ -1,6 +1,6 @@
 """The gradient noise scale of unfrozen runs over their steps, per stage, against the step's batch (docs/results.md).
 
-Reads each run folder's metrics.jsonl (the steps that carry `noise_scale_tokens`, tfrun/noise.py) and its
+Reads each run folder's metrics.jsonl (the steps that carry `noise_scale_tokens`, tfrun/freeze/noise.py) and its
 run_config.json (tokens per step), and draws one panel per folder: the noise scale per stage in tokens, log
 scale, with the step batch as a horizontal line (above it, freezing costs almost linearly; well below it,
 almost nothing: docs/cost-model.md, "Goodput").

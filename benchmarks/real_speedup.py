@@ -91,10 +91,10 @@ def main() -> None:
     steps = 8 if args.quick else 20
     pairs = 1 if args.quick else args.pairs
     root = Path(args.out or tempfile.mkdtemp(prefix="speedup-"))
-    from tfplan import job
-    from tfplan import plan as plan_mod
     from tfplan.fileio import write_json_atomic
-    from tfrun import profiling
+    from tfplan.plan import job
+    from tfplan.plan import plan as plan_mod
+    from tfrun.cli import profiling
 
     t = time.monotonic()
     prof = profiling.measure(model=MODEL, num_ranks=RANKS, num_microbatches=M, schedule="1f1b",

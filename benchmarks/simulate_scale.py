@@ -1,9 +1,9 @@
 """How fast tfplan builds and simulates large pipeline schedules (issue: >= 1 million actions/s of simulation).
 
 Times, per schedule size, three steps separately:
-  generate   tfplan.schedules.generate (including the validator every schedule passes);
-  build      tfplan.dag.build (predecessor slots, lags, topological order);
-  simulate   tfplan.simulate.simulate (start/end of every action, bubbles, critical path): median of 5 runs,
+  generate   tfplan.schedule.schedules.generate (including the validator every schedule passes);
+  build      tfplan.step.dag.build (predecessor slots, lags, topological order);
+  simulate   tfplan.step.simulate.simulate (start/end of every action, bubbles, critical path): median of 5 runs,
 and prints the simulation rate in actions per second. The headline case is 1F1B on 64 ranks x 1024
 micro-batches (131,072 actions). Before timing, it checks the closed form (M + P - 1)(F + B) on a uniform 1F1B
 so that a fast but wrong simulator cannot pass.
@@ -27,9 +27,10 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tfplan import dag as dag_mod
-from tfplan import profile, schedules
-from tfplan.simulate import simulate
+from tfplan.cost import profile
+from tfplan.schedule import schedules
+from tfplan.step import dag as dag_mod
+from tfplan.step.simulate import simulate
 
 REQUIRED_ACTIONS_PER_S = 1_000_000
 

@@ -8,10 +8,10 @@ Prints, measured in one run (1F1B, uniform profile F = 1, B = 2, frozen B = 1, c
       test_fastlp.py draws them, with rank tails and a dispatch cost, seed 0).
   (a) 1F1B 16 x 256 (8,192 actions): a straightforward GLOP model written here (pywraplp; one start
       variable per action, one row per DAG edge, the phases of Note [three-phase LP]), phase 1 only and
-      all three phases; tfplan.solver.solve (GLOP, redundant rows dropped); tfplan.fastlp.solve (periodic
+      all three phases; tfplan.solve.solver.solve (GLOP, redundant rows dropped); tfplan.solve.fastlp.solve (periodic
       compression, Note [periodic compression]); speed ratios and the phase objectives side by side.
   (b) 1F1B 32 x 512 (32,768 actions): fastlp, all three phases, wall time and peak memory (ru_maxrss of a
-      fresh process); with --glop-32, also tfplan.solver.solve (several minutes).
+      fresh process); with --glop-32, also tfplan.solve.solver.solve (several minutes).
   (c) a ladder up to about a million actions, each in a fresh process with a 60 s budget for fastlp.solve
       (building the DAG is timed apart): the largest instance solved within it.
 Every fastlp plan is checked: caps kept and its re-simulated makespan equal to the phase-1 optimum.
@@ -45,11 +45,13 @@ except ImportError:  # running from a checkout without installing
 
 from ortools.linear_solver import pywraplp
 
-from tfplan import dag as dag_mod
-from tfplan import fastlp, heap, lp, profile, schedules, solver
+from tfplan.cost import profile
+from tfplan.cost.profile import Profile, StageCost
 from tfplan.fileio import write_json_atomic
-from tfplan.profile import Profile, StageCost
-from tfplan.simulate import simulate
+from tfplan.schedule import schedules
+from tfplan.solve import fastlp, heap, lp, solver
+from tfplan.step import dag as dag_mod
+from tfplan.step.simulate import simulate
 
 CAP = 0.9
 LADDER = [(16, 4096), (32, 4096), (16, 32768), (32, 16384), (64, 8192)]  # (ranks, micro-batches)
@@ -64,7 +66,7 @@ def build(p: int, m: int) -> dag_mod.Dag:
 def naive_glop(dag: dag_mod.Dag, phases: int) -> list[float]:
     """The straightforward model: t_v per action, r_a per freezable action, one row per edge (all kinds, even
     the same-stage edges the rank chain implies), one row per sink, one cap row per stage; phases as in
-    tfplan.lp (phase 2: T <= T1 (1 + 1e-9); phase 3: total <= R2 (1 + 1e-9) + 1e-9 and min sum_a |r_a - mu_s|
+    tfplan.solve.lp (phase 2: T <= T1 (1 + 1e-9); phase 3: total <= R2 (1 + 1e-9) + 1e-9 and min sum_a |r_a - mu_s|
     with both rows e_a >= +-(r_a - mu_s) per action, as METHOD.md writes it)."""
     s = pywraplp.Solver.CreateSolver("GLOP")
     inf = s.infinity()
@@ -149,7 +151,7 @@ def rel_gap(sol: lp.Solution) -> float:
 
 def _child(conn, p: int, m: int, with_glop: bool, time_limit_s: float | None = None) -> None:
     """One instance in a fresh process: (build s, fastlp s, phases, sim excess, peak MiB[, glop s, phases])."""
-    heap.configure()  # memory as tfplan's CLI sets it up (tfplan.heap)
+    heap.configure()  # memory as tfplan's CLI sets it up (tfplan.solve.heap)
     start = time.perf_counter()
     dag = build(p, m)
     build_s = time.perf_counter() - start
@@ -194,13 +196,13 @@ def part_a(p: int, m: int, repeats: int) -> None:
     fast_s, fast = timed(lambda: fastlp.solve(dag, CAP), repeats)
     rows.append(("straightforward GLOP, phase 1", naive1_s, naive1))
     rows.append(("straightforward GLOP, 3 phases", naive3_s, naive3))
-    rows.append(("tfplan.solver.solve (GLOP)", glop_s, [x.objective for x in glop.phases]))
-    rows.append((f"tfplan.fastlp.solve (median of {repeats})", fast_s, [x.objective for x in fast.phases]))
+    rows.append(("tfplan.solve.solver.solve (GLOP)", glop_s, [x.objective for x in glop.phases]))
+    rows.append((f"tfplan.solve.fastlp.solve (median of {repeats})", fast_s, [x.objective for x in fast.phases]))
     print(f"    {'solver':<36}{'wall s':>9}{'x faster':>10}   phase objectives (T1, R2, E3)")
     for name, wall, objs in rows:
         print(f"    {name:<36}{wall:>9.3f}{naive3_s / wall:>10.1f}   " + ", ".join(f"{x:.10g}" for x in objs))
     agree = max(abs(a.objective - b.objective) / max(1.0, abs(b.objective)) for a, b in zip(fast.phases, glop.phases))
-    print(f"    fastlp vs tfplan.solver: {glop_s / fast_s:.1f}x faster; fastlp phase 1 alone vs straightforward "
+    print(f"    fastlp vs tfplan.solve.solver: {glop_s / fast_s:.1f}x faster; fastlp phase 1 alone vs straightforward "
           f"phase 1: {naive1_s / fast.phases[0].wall_s:.1f}x; plan re-simulated: makespan "
           f"{check_plan(dag, fast):+.2e} relative to T1")
     print(f"    phase values fastlp vs GLOP: largest relative difference {agree:.1e}; fastlp's certified gaps <= "
@@ -220,7 +222,7 @@ def part_b(p: int, m: int, repeats: int, with_glop: bool) -> None:
           f"{first['excess']:+.2e} relative to T1")
     if "glop_s" in first:
         agree = max(abs(a - b) / max(1, abs(b)) for a, b in zip(first["phases"], first["glop_phases"]))
-        print(f"    tfplan.solver.solve: {first['glop_s']:.1f} s, peak {first['glop_peak_mib']:.0f} MiB (same "
+        print(f"    tfplan.solve.solver.solve: {first['glop_s']:.1f} s, peak {first['glop_peak_mib']:.0f} MiB (same "
               f"process), {first['glop_s'] / first['fast_s']:.0f}x slower; largest relative phase difference "
               f"{agree:.1e}")
 
@@ -248,9 +250,9 @@ def part_c(ladder: list[tuple[int, int]]) -> None:
 
 
 def random_profile(num_stages: int, seed: int = 0) -> Profile:
-    """Per-stage costs drawn as tests/test_fastlp.py's _random_profile draws them (B 1-4 ms, I 30-70% of B,
-    frozen B 30-90%, frozen W 0-30%, F 0.5-2 ms; 15% of stages cannot be frozen), with rank tails of 0 or up
-    to 8 ms and a dispatch cost of 0 or 0.05 ms from a second generator."""
+    """Per-stage costs drawn as tests/tfplan/solve/fastlp/test_phases.py's _random_profile draws them (B 1-4 ms, I
+    30-70% of B, frozen B 30-90%, frozen W 0-30%, F 0.5-2 ms; 15% of stages cannot be frozen), with rank tails of 0 or
+    up to 8 ms and a dispatch cost of 0 or 0.05 ms from a second generator."""
     rng = random.Random(seed)
     stages = []
     for _ in range(num_stages):  # the draws in the tests' order, so that a seed gives the tests' profile
@@ -338,7 +340,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="8 x 128, 16 x 256, a short ladder (under a minute)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of the fast solvers (median reported)")
-    parser.add_argument("--glop-32", action="store_true", help="also run tfplan.solver.solve on 32 x 512 (minutes)")
+    parser.add_argument("--glop-32", action="store_true",
+                        help="also run tfplan.solve.solver.solve on 32 x 512 (minutes)")
     parser.add_argument("--parts", default="issue,a,b,c", help="comma-separated parts to run: issue, a, b, c")
     parser.add_argument("--figures", default="32x512,64x8192,1m",
                         help="the issue's figures to measure: 32x512, 64x8192, 1m (comma-separated)")

@@ -1,4 +1,4 @@
-"""The stage-0 anchor (tfplan.job Note [stage-0 anchor]) on a plan that would freeze every stage-0 backward:
+"""The stage-0 anchor (tfplan.plan.job Note [stage-0 anchor]) on a plan that would freeze every stage-0 backward:
 speed against the prediction and training quality, side by side with the unanchored plan and `--freeze none`.
 
 Tiny model, 2 gloo ranks, M = 8, 4 x 128 tokens, cap 0.9, `tfrun train` from scratch at one seed with the
@@ -22,8 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tfplan import plan as plan_mod
-from tfplan.actions import FREEZABLE, parse_action
+from tfplan.plan import plan as plan_mod
+from tfplan.schedule.actions import FREEZABLE, parse_action
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL, M, MB_SIZE, SEQ, CAP = "tiny", 8, 4, 128, 0.9

@@ -1,5 +1,5 @@
-"""What the per-step stop/checkpoint agreement costs (tfrun.signals.StepControl.after_step: one all_reduce of
-two int64 on gloo), on 2 CPU ranks of this machine, against a tiny-model step.
+"""What the per-step stop/checkpoint agreement costs (tfrun.distributed.signals.StepControl.after_step: one all_reduce
+of two int64 on gloo), on 2 CPU ranks of this machine, against a tiny-model step.
 
     python benchmarks/stop_flag_cost.py [--calls 2000]
 
@@ -24,8 +24,8 @@ def _worker(rank: int, world: int, store: str, calls: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from tfrun.config import TrainConfig
-    from tfrun.signals import StepControl, StopRequest
+    from tfrun.config.train_config import TrainConfig
+    from tfrun.distributed.signals import StepControl, StopRequest
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)

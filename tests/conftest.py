@@ -9,7 +9,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "profiles"
-GOLDEN = Path(__file__).resolve().parent / "golden"
+TESTS = Path(__file__).resolve().parent
+GOLDEN = TESTS / "golden"
+BAD_INPUTS = TESTS / "bad_inputs"
 
 # Rich draws for the width it detects; fix it so CLI output is the same everywhere.
 os.environ.setdefault("COLUMNS", "120")

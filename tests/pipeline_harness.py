@@ -1,7 +1,7 @@
 """Run one pipeline step on several gloo ranks (spawned processes) and compare with a single process.
 
-Used by tests/test_runtime.py. Each case is (schedule name, ranks, stages per rank, micro-batches, ratios,
-freeze method); every rank runs all cases in one process group to pay process start-up once.
+Used by tests/tfrun/distributed/test_runtime.py. Each case is (schedule name, ranks, stages per rank, micro-batches,
+ratios, freeze method); every rank runs all cases in one process group to pay process start-up once.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tfplan import schedules
-from tfrun.config import TrainConfig
-from tfrun.freezing import Freezer, candidates
+from tfplan.schedule import schedules
+from tfrun.config.train_config import TrainConfig
+from tfrun.distributed.rank import build_rank
+from tfrun.freeze.candidates import candidates
+from tfrun.freeze.freezing import Freezer
 from tfrun.models import MODELS, build_stage, loss_fn
-from tfrun.rank import build_rank
 from tfrun.train import _rescale
 
 MODEL, SEED, MB_SIZE, SEQ = "tiny", 3, 2, 16

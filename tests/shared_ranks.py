@@ -4,18 +4,18 @@ process start-up once.
     results = shared_ranks.run([(["tfrun", "train", "--plan", plan, "--out", out, ...], {}), ...], 2, tmp)
     results[0].returncode, results[0].stdout, results[0].stderr    # as subprocess.run([tfrun, ...]) gives
 
-Each command goes through the program's own path: its typer CLI, then (tfrun train) tfrun.setup and
-tfrun.launch.launch, which writes OUT/run_config.json and, after the job, reads the checkpoints and prints the
-summary, or (tfplan profile) tfplan.measured's `python -m tfrun profile`, whose tfrun.profiling calls launch.launch
-for each measuring run; and every rank runs tfrun.worker.main on that run_config.json, as the processes
-torchrun starts do. Only the process creation is replaced: tfplan.measured's subprocess runs tfrun's CLI in
-the launcher's process, and launch's torchrun Popen becomes a message to ranks that are already running in
+Each command goes through the program's own path: its typer CLI, then (tfrun train) tfrun.cli.setup and
+tfrun.distributed.launch.launch, which writes OUT/run_config.json and, after the job, reads the checkpoints and prints
+the summary, or (tfplan profile) tfplan.cost.measured's `python -m tfrun profile`, whose tfrun.cli.profiling calls
+launch.launch for each measuring run; and every rank runs tfrun.cli.worker.main on that run_config.json, as the
+processes torchrun starts do. Only the process creation is replaced: tfplan.cost.measured's subprocess runs tfrun's CLI
+in the launcher's process, and launch's torchrun Popen becomes a message to ranks that are already running in
 one gloo group (spawned once; the group is kept between jobs, so run_worker's teardown of it is skipped),
 with the environment launch gives its workers. A real `tfrun train` costs about 10 s of process start-up on 2 cores
 (the launcher's, torchrun's and every rank's torch import) before its first step.
 
-What this leaves out, the real launch, is tested with real processes in tests/test_train.py (outputs, a
-signal to the launcher, a killed rank, joining an external torchrun) and tests/test_rank.py.
+What this leaves out, the real launch, is tested with real processes in tests/tfrun/test_train.py (outputs, a
+signal to the launcher, a killed rank, joining an external torchrun) and tests/tfrun/distributed/test_rank.py.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _environ(env: dict[str, str], *, replace: bool = False):
 def _rank_main(rank: int, world: int, commands: list[Command], work: str) -> None:
     import torch.distributed as dist
 
-    from tfrun.worker import COLLECTIVE_TIMEOUT
+    from tfrun.cli.worker import COLLECTIVE_TIMEOUT
 
     # A file store, not a TCP port chosen in advance that another process may take while the ranks start.
     dist.init_process_group("gloo", init_method=f"file://{Path(work) / 'store'}", rank=rank, world_size=world,
@@ -111,11 +111,11 @@ def _rank_main(rank: int, world: int, commands: list[Command], work: str) -> Non
                     break
                 _worker(rank, world, *message[0])
     finally:
-        gc.collect()  # as tfrun.worker.run_worker does before its teardown
+        gc.collect()  # as tfrun.cli.worker.run_worker does before its teardown
         dist.destroy_process_group()
     # Everything is written: leave without the interpreter's finalisation, during which gloo objects can abort
     # the process ("terminate called without an active exception", SIGABRT: seen here at a rank's exit after
-    # all its jobs had finished; tfrun.worker's note on its gc.collect).
+    # all its jobs had finished; tfrun.cli.worker's note on its gc.collect).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
@@ -125,11 +125,11 @@ def _launcher(world: int, commands: list[Command], work: Path) -> None:
     """Rank 0: each command through its CLI as the launcher process would run it."""
     import torch.distributed as dist
 
-    import tfplan.cli
-    import tfrun.cli
-    from tfrun import launch
+    import tfplan.cli.app
+    import tfrun.cli.app
+    from tfrun.distributed import launch
 
-    apps = {"tfrun": tfrun.cli.app, "tfplan": tfplan.cli.app}
+    apps = {"tfrun": tfrun.cli.app.app, "tfplan": tfplan.cli.app.app}
     stdout = {"path": ""}  # where this process's fd 1 points now: the job's ranks print there too
 
     def call(argv: list[str], out: Path, err: Path) -> int:
@@ -150,7 +150,7 @@ def _launcher(world: int, commands: list[Command], work: Path) -> None:
             sys.argv, stdout["path"] = saved_argv, saved_stdout
 
     class Popen:
-        """launch.launch's torchrun: the job's ranks run tfrun.worker.main on CONFIG (the last argument)."""
+        """launch.launch's torchrun: the job's ranks run tfrun.cli.worker.main on CONFIG (the last argument)."""
 
         def __init__(self, cmd: list[str], *, env: dict[str, str], stderr, **_) -> None:
             message = [(cmd[-1], env, stdout["path"], str(Path(cmd[-1]).parent / "launcher.log"))]
@@ -164,7 +164,7 @@ def _launcher(world: int, commands: list[Command], work: Path) -> None:
     real_run, nested = subprocess.run, [0]
 
     def run(cmd, *args, **kwargs):
-        """subprocess.run, except that `python -m tfrun ...` (tfplan profile's measuring job, tfplan.measured)
+        """subprocess.run, except that `python -m tfrun ...` (tfplan profile's measuring job, tfplan.cost.measured)
         runs in this process, its output captured as text."""
         if list(cmd[:3]) != [sys.executable, "-m", "tfrun"]:
             return real_run(cmd, *args, **kwargs)
@@ -192,12 +192,12 @@ def _launcher(world: int, commands: list[Command], work: Path) -> None:
 
 def _worker(rank: int, world: int, config_path: str, env: dict[str, str], stdout: str, log: str,
             stderr_fd: int | None = None) -> int:
-    """One rank of one job: tfrun.worker.main(CONFIG) in the environment launch gives torchrun, with the
+    """One rank of one job: tfrun.cli.worker.main(CONFIG) in the environment launch gives torchrun, with the
     variables torchrun adds; its stdout to the job's, its stderr to the job's launcher.log. Returns the job's
     exit code (0 when every rank's is 0) on every rank."""
     import torch.distributed as dist
 
-    from tfrun import worker
+    from tfrun.cli import worker
 
     ranks = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
     destroy = dist.destroy_process_group

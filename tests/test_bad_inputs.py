@@ -2,7 +2,7 @@
 file, checkpoint folder and argument set gives its one-line error with exit code 1 (2 for usage errors), no
 traceback, and writes nothing: the output folder is never created and the inputs are left as they were.
 
-Commands run in-process (typer's CliRunner; `python -m tfrun.worker` through its main), with the launcher
+Commands run in-process (typer's CliRunner; `python -m tfrun.cli.worker` through its main), with the launcher
 replaced by a failure, so a case that wrongly passes validation fails here instead of training.
 """
 
@@ -59,7 +59,8 @@ def test_bad_input(case, tmp_path, monkeypatch, capsys):
         torch_or_skip()
     from typer.testing import CliRunner
 
-    from tfrun import launch, worker
+    from tfrun.cli import worker
+    from tfrun.distributed import launch
 
     monkeypatch.setattr(launch, "launch", _never)
     monkeypatch.setattr(worker, "run_worker", _never)
@@ -74,9 +75,9 @@ def test_bad_input(case, tmp_path, monkeypatch, capsys):
         stdout, stderr = captured.out, captured.err
     else:
         if case["tool"] == "tfrun":
-            from tfrun.cli import app
+            from tfrun.cli.app import app
         else:
-            from tfplan.cli import app
+            from tfplan.cli.app import app
         result = CliRunner().invoke(app, args)
         assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
         code, stdout, stderr = result.exit_code, result.stdout, result.stderr

@@ -1,5 +1,5 @@
 """`python -m tfplan` runs the tfplan command line."""
 
-from tfplan.cli import main
+from tfplan.cli.app import main
 
 main()

@@ -1,5 +1,5 @@
 """`python -m tfrun` runs the tfrun command line (also under torchrun: `torchrun ... -m tfrun train ...`)."""
 
-from tfrun.cli import main
+from tfrun.cli.app import main
 
 main()

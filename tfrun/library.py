@@ -9,15 +9,15 @@
             schedule.step(x, target=y)                                           # as usual
         optimizer.step(); optimizer.zero_grad()
 
-`FreezeHooks` installs tfrun.runtime's overrides on each stage (tfrun.runtime.install_hooks: the stage's class
-becomes a subclass of its own), so every torch schedule that calls the stage's per-chunk methods (all of
+`FreezeHooks` installs tfrun.distributed.runtime's overrides on each stage (tfrun.distributed.runtime.install_hooks: the
+stage's class becomes a subclass of its own), so every torch schedule that calls the stage's per-chunk methods (all of
 them) runs the plan: in micro-batch j of stage s, the tensors the freezer selects for that action (a share of
-the stage's weight-gradient work equal to the plan's ratio, tfrun.freezing) get no gradient from it. A plan
+the stage's weight-gradient work equal to the plan's ratio, tfrun.freeze.freezing) get no gradient from it. A plan
 that freezes nothing leaves every gradient bit for bit as without the hooks (examples/own_pipeline.py, tested).
 
 `measured_profile` turns the hooks' timings of unfrozen and fully frozen steps, and your loop's step times, into
 a tfplan profile (tfrun's one profile builder), so `tfplan solve` can plan a model that is not tfrun's. The
-online controller (tfrun.online) is not offered here.
+online controller (tfrun.freeze.online) is not offered here.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from pathlib import Path
 
 import torch
 
+from tfrun.distributed.runtime import DETACH, StepState, install_hooks
 from tfrun.errors import TfrunError
-from tfrun.freezing import AUTO, Freezer, candidates
-from tfrun.runtime import DETACH, StepState, install_hooks
-from tfrun.timing import ActionTimer, gather_records
+from tfrun.freeze.candidates import candidates
+from tfrun.freeze.freezing import AUTO, Freezer
+from tfrun.measure.timing import ActionTimer, gather_records
 
 
 class FreezeHooks:
@@ -44,10 +45,10 @@ class FreezeHooks:
         num_microbatches: micro-batches per step of the schedule.
         ratios: (stage index, micro-batch) -> freeze ratio in [0, 1] of that micro-batch's backward; absent = 0.
         seed: freeze-selection seed (the same on every process).
-        policy: which tensors an action freezes (tfrun.freezing Note [freeze policy]).
-        method: "detach" or "grad" (tfrun.runtime Note [freeze methods]).
-        redraw_every: steps per window of frozen sets (tfrun.freezing).
-        autocast: a compute dtype for the forwards (tfrun.runtime Note [autocast]), e.g. torch.bfloat16.
+        policy: which tensors an action freezes (tfrun.freeze.freezing Note [freeze policy]).
+        method: "detach" or "grad" (tfrun.distributed.runtime Note [freeze methods]).
+        redraw_every: steps per window of frozen sets (tfrun.freeze.freezing).
+        autocast: a compute dtype for the forwards (tfrun.distributed.runtime Note [autocast]), e.g. torch.bfloat16.
     """
 
     def __init__(self, stages: Sequence, *, num_microbatches: int,
@@ -82,8 +83,8 @@ class FreezeHooks:
         Raises:
             TfrunError / TfplanError: an unreadable plan, or one for another pipeline.
         """
-        from tfplan import plan as plan_mod
-        from tfplan import schedules
+        from tfplan.plan import plan as plan_mod
+        from tfplan.schedule import schedules
 
         p = plan_mod.load(plan)
         sched = p.schedule
@@ -110,7 +111,7 @@ class FreezeHooks:
         self.freezer.end_step(step, self.state.frozen_counts)
 
     def timed_loss(self, loss_fn: Callable) -> Callable:
-        """loss_fn, its time counted in the last stage's forward (as tfrun does; tfrun.timing.extend_last)."""
+        """loss_fn, its time counted in the last stage's forward (as tfrun does; tfrun.measure.timing.extend_last)."""
         return lambda output, target: self.timer.extend_last(loss_fn, output, target)
 
     def set_ratios(self, ratios: Mapping[tuple[int, int], float], start_step: int) -> None:
@@ -138,12 +139,12 @@ def measured_profile(hooks: FreezeHooks, *, unfrozen_steps: range, frozen_steps:
     set_ratios(1.0)), medians over every micro-batch; and from the unfrozen steps the executor's dispatch cost,
     the p2p lag and the step overhead (your loop's measured step, `step_ms`: step -> ms of the whole step as
     you time it, optimizer included, against the replay of the measured actions on `schedule`, the tfplan name
-    of your torch schedule). The one profile builder of tfrun (tfrun.measure.measured_profile, Note [step
+    of your torch schedule). The one profile builder of tfrun (tfrun.measure.profile.measured_profile, Note [step
     overhead]), so `tfplan solve` predicts your loop's step, not only its compute.
     """
-    from tfplan import schedules
-    from tfrun import measure
-    from tfrun.config import TrainConfig
+    from tfplan.schedule import schedules
+    from tfrun.config.train_config import TrainConfig
+    from tfrun.measure import profile as measure
 
     records = gather_records(hooks.timer.records)
     times = [step_ms[s] for s in unfrozen_steps if s in step_ms]

@@ -1,7 +1,7 @@
 """The training loop of one rank: build its stages, run the planned schedule, measure, checkpoint, report.
 
 The loop owns the data, optimizer, metrics and checkpoints; everything about pipelining (stages, schedule
-runtime, per-action freezing and timing) comes from tfrun.runtime. Run through `tfrun train`, which
+runtime, per-action freezing and timing) comes from tfrun.distributed.runtime. Run through `tfrun train`, which
 launches the ranks (or joins an external torchrun).
 """
 
@@ -14,18 +14,20 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tfrun import baselines, checkpoint, measure, summarize
-from tfrun.config import TrainConfig
+from tfrun.config.train_config import TrainConfig
 from tfrun.data import Batches, eval_batches, rank_tokens, split_tokens
+from tfrun.distributed.rank import Rank, build_rank, replica_rows
+from tfrun.distributed.runtime import StepState, evaluate_forward
+from tfrun.distributed.signals import StepControl, StopRequest
+from tfrun.freeze import baselines
+from tfrun.freeze.noise import NoiseMeter, noise_scale
+from tfrun.freeze.online import OnlinePlanner
+from tfrun.measure import profile as measure
+from tfrun.measure.timing import gather_records
+from tfrun.measure.wallclock import WallClock
 from tfrun.models import stage_numel
-from tfrun.noise import NoiseMeter, noise_scale
-from tfrun.online import OnlinePlanner
-from tfrun.provenance import run_identity
-from tfrun.rank import Rank, build_rank, replica_rows
-from tfrun.runtime import StepState, evaluate_forward
-from tfrun.signals import StepControl, StopRequest
-from tfrun.timing import gather_records
-from tfrun.wallclock import WallClock
+from tfrun.records import checkpoint, summarize
+from tfrun.records.provenance import run_identity
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ def _device() -> torch.device:
 
 def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -> dict | None:
     """Train on this rank; returns the summary on rank 0 (None elsewhere, and when `stop` ended the run early:
-    tfrun.signals Note [graceful stop]). The process group is set up."""
+    tfrun.distributed.signals Note [graceful stop]). The process group is set up."""
     rank = dist.get_rank()
     torch.set_num_threads(config.threads)
     device = _device()
@@ -197,8 +199,9 @@ def _gather_shares(r: Rank, num_stages: int, m: int) -> list[float]:
 
 def _optimizer_step(r: Rank, config: TrainConfig, step: int, noise: NoiseMeter) -> None:
     """The step's tail on this rank (timed as "optimizer"): the gradients averaged over the replicas
-    (tfrun.rank Note [data-parallel reduction]), the noise scale's step gradient (tfrun.noise), --grad-rescale,
-    a baseline's look at the gradients, the optimizer step, the baseline's look at the update, and zero_grad."""
+    (tfrun.distributed.rank Note [data-parallel reduction]), the noise scale's step gradient (tfrun.freeze.noise),
+    --grad-rescale, a baseline's look at the gradients, the optimizer step, the baseline's look at the update, and
+    zero_grad."""
     r.reduce_gradients()
     noise.after_reduce(r.modules)
     if config.grad_rescale:

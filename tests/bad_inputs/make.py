@@ -28,7 +28,11 @@ def _json(rel: str, obj) -> None:
 
 
 def _valid_plan() -> dict:
-    from tfplan import dag, plan, profile, schedules, solver
+    from tfplan.cost import profile
+    from tfplan.plan import plan
+    from tfplan.schedule import schedules
+    from tfplan.solve import solver
+    from tfplan.step import dag
 
     prof = profile.uniform(2, name="unit")
     d = dag.build(schedules.generate("1f1b", 2, 4), prof)

@@ -6,7 +6,7 @@
   tokenfile   a pre-tokenized flat `.bin` of uint16 or uint32 ids (nanoGPT's layout), memory-mapped
   batches     any stream -> train/validation split, resumable random batches, micro-batches
 
-`open_stream` is what tfrun.setup calls before any rank starts (every check, the vocabulary agreement, the
+`open_stream` is what tfrun.cli.setup calls before any rank starts (every check, the vocabulary agreement, the
 cache written last); `rank_tokens` is what each rank calls (the checked stream, without checking again).
 """
 
@@ -104,7 +104,7 @@ def _bytes(data_path: str | None) -> bytes:
 
 
 def rank_tokens(data_path: str | None, *, token_cache: str | None, token_dtype: str):
-    """In a rank: the stream setup checked (tfrun.setup), read again without the checks: bytes decoded anew, a
+    """In a rank: the stream setup checked (tfrun.cli.setup), read again without the checks: bytes decoded anew, a
     token file or the tokenized cache entry memory-mapped."""
     if token_cache is not None:
         meta_dtype = tokenized.cache_dtype(Path(token_cache))

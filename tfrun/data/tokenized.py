@@ -8,7 +8,7 @@ starts each with <|begin_of_text|>), and the documents' ids are concatenated int
 
 Note [token cache]: tokenizing is the slow part of reading text, so the stream is written once, as a token
 file (tfrun.data.tokenfile's layout) named by a hash of the data's bytes and the tokenizer file's bytes, with
-a JSON sidecar written after it (the sidecar's presence marks a complete entry). tfrun.setup tokenizes (or
+a JSON sidecar written after it (the sidecar's presence marks a complete entry). tfrun.cli.setup tokenizes (or
 finds the entry) before any rank starts, writes it only after every check passed, and the ranks memory-map
 it; a second run on the same data and tokenizer reads the entry and tokenizes nothing. Ranks of an external
 torchrun job each run setup: they may each write the same entry, atomically.

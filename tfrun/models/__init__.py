@@ -1,6 +1,6 @@
 """What a run can train: our LLaMA-style decoder at a named size (tfrun.models.llama), or a Hugging Face LLaMA
 checkpoint (`hf:DIR`, tfrun.models.hf). `model_config` and `build` are the one place a model name becomes a
-shape and a stage module; tfrun.rank builds every rank's stages through `build`.
+shape and a stage module; tfrun.distributed.rank builds every rank's stages through `build`.
 
     from tfrun import models
     models.model_config("tiny").n_layers                 # 4

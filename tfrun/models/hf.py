@@ -82,7 +82,7 @@ def folder_of(model: str) -> Path:
 
 
 def config_hash(folder: Path) -> str:
-    """sha256 of config.json's bytes: the model's identity for provenance (tfrun.provenance)."""
+    """sha256 of config.json's bytes: the model's identity for provenance (tfrun.records.provenance)."""
     return "sha256:" + hashlib.sha256((Path(folder) / CONFIG).read_bytes()).hexdigest()
 
 

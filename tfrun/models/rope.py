@@ -59,8 +59,8 @@ class RopeScaling:
 #
 # Note [rope precision]: the tables are computed in float32, in the order of operations Hugging Face's LLaMA
 # uses, so that a checkpoint trained there sees exactly the angles it was trained with: our logits then equal
-# transformers' to the last bit (tests/test_hf.py). float64 tables differ by about 1e-7 in cos and sin, enough
-# to move logits of size 10 by 2e-5.
+# transformers' to the last bit (tests/tfrun/models/test_hf.py). float64 tables differ by about 1e-7 in cos and sin,
+# enough to move logits of size 10 by 2e-5.
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
     """f_i for i < head_dim / 2, float32, after the scaling (Notes [llama3 rope], [rope precision])."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))

@@ -1,0 +1,86 @@
+"""tfrun.freeze.drift: the online mode's drift check (Note [drift]) on hand-made measurements."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import torch_or_skip
+
+
+def _plan(**costs):
+    from tfplan.cost import profile
+    from tfplan.plan import plan
+    from tfplan.schedule import schedules
+    from tfplan.solve import solver
+    from tfplan.step import dag
+
+    prof = profile.uniform(2, **costs)
+    d = dag.build(schedules.generate("1f1b", 2, 4), prof)
+    return plan.make_plan(d, solver.solve(d, 0.5), [0.5, 0.5], prof)
+
+
+def test_drift_leaves_out_partial_shares_and_scales_each_end_alone():
+    torch_or_skip()
+    from tfrun.freeze.drift import DriftMonitor, drift, scaled_profile
+
+    p = _plan(forward_ms=10.0, backward_ms=40.0, backward_frozen_ms=20.0)
+    # Stage 0's backward at a partial share saves far less than linear (a random subset there): ignored.
+    rows = [(f"0B{m}", 39.0, 0.75) for _ in range(3) for m in range(4)]
+    rows += [("0B1", 40.0, 0.0)] * 8  # unfrozen: as planned
+    rows += [("1B2", 30.0, 1.0)] * 8  # frozen: 1.5x the planned 20 ms
+    rows += [("1F0", 30.0, 0.0)] * 3  # too few samples to judge
+    measured = drift(p, rows)
+    assert measured == pytest.approx({"0B": 1.0, "1B-frozen": 1.5})
+    drifted = DriftMonitor(window=5, threshold=0.1).drifted(measured)
+    assert drifted == pytest.approx({"1B-frozen": 1.5})
+    scaled = scaled_profile(p, drifted)
+    assert scaled.stages[1].backward_frozen_ms == pytest.approx(30.0) and scaled.stages[1].backward_ms == 40.0
+    assert scaled.stages[0] == p.dag.stage_costs[0] and scaled.name.endswith("-rescaled")
+
+
+def test_drift_is_the_median_ratio_of_measured_to_planned_times():
+    torch_or_skip()
+    from tfrun.freeze.drift import describe, drift, scaled_profile
+
+    p = _plan(forward_ms=10.0, backward_ms=20.0, backward_frozen_ms=10.0)
+    rows = [(f"1F{m}", 15.0, 0.0) for _ in range(3) for m in range(4)]  # stage 1 forward: 1.5x
+    rows += [("0B0", 20.0, 0.0)] * 6 + [("0B2", 10.0, 1.0)] * 6  # enough samples of each end (MIN_DRIFT_SAMPLES)
+    rows += [(f"0B{m}", 20.0 - 10.0 * share, share) for _ in range(3) for m, share in
+             enumerate((0.0, 0.5, 1.0, 0.25))]  # stage 0 backward exactly as planned at both ends
+    measured = drift(p, rows)
+    assert measured == pytest.approx({"1F": 1.5, "0B": 1.0, "0B-frozen": 1.0})
+    scaled = scaled_profile(p, {"1F": 1.5})
+    assert scaled.stages[1].forward_ms == pytest.approx(15.0) and scaled.stages[0].backward_ms == 20.0
+    assert describe({"1F": 1.5, "0B-frozen": 0.8}) == "drift: stage 0 B frozen x0.80, stage 1 F x1.50"
+
+
+def test_the_monitor_keeps_two_windows_of_shares_and_checks_at_each_windows_end(tmp_path):
+    torch = torch_or_skip()
+    import torch.distributed as dist
+
+    from tfrun.freeze.drift import DriftMonitor
+    from tfrun.measure.timing import ActionTimer
+
+    monitor = DriftMonitor(window=4, threshold=0.1)
+    assert [s for s in range(20) if monitor.due(s, stable_start=6)] == [9, 13, 17]
+    p = _plan(forward_ms=10.0, backward_ms=20.0, backward_frozen_ms=10.0)
+    timer = ActionTimer(0, torch.device("cpu"))
+    timer.enabled = True
+    for step in range(12):
+        monitor.record(step, {(0, 1): 1.0 if step % 2 else 0.0})
+        timer.begin_step(step)
+        for m in range(4):  # 0B1 at its planned time for the share it froze; 0B0 (never frozen) 2x slower
+            ms = (0.01 if step % 2 else 0.02) if m == 1 else 0.04
+            timer.time(f"0B{m}", time.sleep, ms)
+        timer.end_step()
+    assert sorted(monitor._shares) == list(range(4, 12))  # the last two windows only
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'pg'}")
+    try:
+        measured = monitor.measure(11, timer, p)
+    finally:
+        dist.destroy_process_group()
+    # the window is steps 8-11: 0B0, 0B2, 0B3 unfrozen at ~40 ms against 20 planned (12 samples), 0B1 two
+    # unfrozen and two frozen samples (fewer than MIN_DRIFT_SAMPLES of each end: not judged)
+    assert set(measured) == {"0B"} and measured["0B"] == pytest.approx(2.0, rel=0.25)

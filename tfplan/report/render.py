@@ -1,0 +1,198 @@
+"""Terminal rendering of a step for people: summary tables, rank timelines, schedule grids (plans: plan_view).
+
+Pure functions from computed results to rich renderables; the CLI prints them. Nothing here computes a
+number that the simulator or solver did not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from rich.table import Table
+from rich.text import Text
+
+from tfplan.schedule.actions import parse_action
+from tfplan.step.dag import Dag
+from tfplan.step.simulate import Simulation
+
+KIND_STYLE = {
+    "F": "black on bright_cyan",
+    "B": "black on bright_green",
+    "I": "black on yellow",
+    "W": "white on magenta",
+}
+KIND_NAME = {"F": "forward", "B": "full backward", "I": "input-grad backward", "W": "weight-grad backward"}
+MAX_PANELS = 40  # --gantt windows at most
+IDLE = "\u00b7"  # middle dot; the only non-ASCII glyph we print (rich renders it everywhere)
+TAIL = "~"  # a rank's tail after its last action
+
+
+def summary_table(dag: Dag, sim: Simulation, title: str) -> Table:
+    """Makespan, bubble fraction and per-rank utilisation."""
+    table = Table(title=title, title_justify="left", show_edge=False)
+    table.add_column("rank", justify="right")
+    table.add_column("stages", justify="left")
+    table.add_column("busy ms", justify="right")
+    table.add_column("idle ms", justify="right")
+    table.add_column("utilisation", justify="right")
+    stages_of: dict[int, list[int]] = {}
+    for stage, rank in enumerate(dag.schedule.stage_to_rank):
+        stages_of.setdefault(rank, []).append(stage)
+    for r, (busy, idle) in enumerate(zip(sim.busy_ms, sim.idle_ms)):
+        util = busy / sim.makespan_ms if sim.makespan_ms > 0 else 0.0
+        table.add_row(str(r), ",".join(map(str, stages_of[r])), f"{busy:.3f}", f"{idle:.3f}", f"{util:.1%}")
+    return table
+
+
+def headline(dag: Dag, sim: Simulation) -> Text:
+    s = dag.schedule
+    text = Text()
+    text.append(f"{s.name}", style="bold")
+    text.append(f": {s.num_ranks} ranks, {s.num_stages} stages, {s.num_microbatches} micro-batches, ")
+    text.append(f"{dag.num_nodes} actions\n")
+    text.append("step time ")
+    text.append(f"{sim.batch_time_ms:.3f} ms", style="bold")
+    if sim.step_overhead_ms:
+        text.append(f" (DAG {sim.makespan_ms:.3f} + overhead {sim.step_overhead_ms:.3f})")
+    text.append(f", bubble fraction {sim.bubble_fraction:.1%}, critical path {len(sim.critical_path)} actions")
+    return text
+
+
+def _label(dag: Dag, node: int, width: int) -> str:
+    # Leave at least one blank column so neighbouring blocks stay apart without colour. With one stage per
+    # rank the row already says the stage, so the label is kind + micro-batch.
+    a = dag.actions[node]
+    labels = (f"{a.kind}{a.mb}",) if dag.schedule.stages_per_rank == 1 else (str(a), f"{a.kind}{a.mb}")
+    for label in labels:
+        if len(label) < width:
+            return (" " + label).ljust(width)
+    for label in labels:
+        if len(label) == width:
+            return label  # no room for the blank; the colour still separates the blocks
+    return a.kind.ljust(width)
+
+
+def timeline(dag: Dag, sim: Simulation, width: int, span: tuple[float, float] | None = None) -> Text:
+    """One row per rank, time flowing right; blocks coloured and lettered by kind (F/B/I/W) with the
+    micro-batch number where it fits; a rank's tail after its last action (tfplan.step.dag Note [rank tails]:
+    optimizer, gradient reduction) as `~`; idle time dotted.
+
+    Args:
+        width: total columns including the row label.
+        span: (t0, t1) ms shown; None = the whole step.
+    """
+    t0, t1 = span if span is not None else (0.0, sim.makespan_ms)
+    label_w = 8
+    cols = max(10, width - label_w)
+    scale = cols / (t1 - t0) if t1 > t0 else 0.0
+    rows: list[list[tuple[str, str]]] = [[(IDLE, "dim")] * cols for _ in range(dag.schedule.num_ranks)]
+    for v in _painters(dag, sim, t0, t1, scale, cols):
+        s, e = sim.start_ms[v], sim.end_ms[v]
+        if e <= t0 or s >= t1:
+            continue
+        c0 = max(0, round((s - t0) * scale))
+        c1 = min(cols, round((e - t0) * scale))
+        if c1 <= c0:
+            if e > s and c0 < cols:
+                c1 = c0 + 1  # keep a visible sliver for very short actions
+            else:
+                continue
+        kind = dag.actions[v].kind
+        text = _label(dag, v, c1 - c0)
+        row = rows[dag.rank[v]]
+        for k in range(c1 - c0):
+            row[c0 + k] = (text[k] if k < len(text) else " ", KIND_STYLE[kind])
+    for v, tail in dag.finish():
+        if tail <= 0:
+            continue
+        c0 = max(0, round((sim.end_ms[v] - t0) * scale))
+        c1 = min(cols, max(c0 + 1, round((sim.end_ms[v] + tail - t0) * scale)))  # at least a sliver
+        for k in range(c0, c1):
+            rows[dag.rank[v]][k] = (TAIL, "magenta")
+    out = Text()
+    for r, row in enumerate(rows):
+        out.append(f"rank {r:<3}".ljust(label_w))
+        for ch, style in row:
+            out.append(ch, style=style)
+        out.append("\n")
+    axis = f"{t0:.3g} ms".ljust(cols // 2) + f"{t1:.3g} ms".rjust(cols - cols // 2)
+    out.append(" " * label_w + axis + "\n", style="dim")
+    return out
+
+
+def _painters(dag: Dag, sim: Simulation, t0: float, t1: float, scale: float, cols: int) -> list[int]:
+    """The nodes whose blocks timeline() must paint, in node order: those in the span, less each one-column
+    block that the next block of its rank paints over (same column). A rank's blocks never go back in time,
+    so the rest are exactly what the timeline shows; at a million actions most blocks are a column's sliver
+    and this leaves about one per column (vectorised; the same columns as painting every node)."""
+    start, end = np.asarray(sim.start_ms), np.asarray(sim.end_ms)
+    c0 = np.maximum(0.0, np.rint((start - t0) * scale))  # np.rint rounds half to even, as round() does
+    c1 = np.minimum(float(cols), np.rint((end - t0) * scale))
+    narrow = c1 <= c0
+    shown = (end > t0) & (start < t1) & (~narrow | ((end > start) & (c0 < cols)))
+    idx = np.flatnonzero(shown)
+    c0, c1 = c0[idx], np.where(narrow[idx], c0[idx] + 1, c1[idx])
+    rank = np.asarray(dag.rank)[idx]
+    covered = np.zeros(len(idx), dtype=bool)
+    covered[:-1] = (rank[1:] == rank[:-1]) & (c0[1:] == c0[:-1]) & (c1[:-1] - c0[:-1] == 1)
+    return idx[~covered].tolist()
+
+
+def legend(kinds: set[str]) -> Text:
+    text = Text("legend: ")
+    for kind in ("F", "B", "I", "W"):
+        if kind in kinds:
+            text.append(f" {kind} ", style=KIND_STYLE[kind])
+            text.append(f" {KIND_NAME[kind]}  ")
+    text.append(f"{IDLE} idle", style="dim")
+    text.append(f"  {TAIL} tail (optimizer, gradient reduction)", style="magenta")
+    return text
+
+
+def gantt_panels(dag: Dag, sim: Simulation, width: int, min_cols_per_action: int = 5) -> list[Text]:
+    """The full timeline split into consecutive windows so that every action gets at least
+    `min_cols_per_action` columns (its full label) at any step size."""
+    shortest = min((d for d in (e - s for s, e in zip(sim.start_ms, sim.end_ms)) if d > 0), default=1.0)
+    cols = max(10, width - 8)
+    # At most MAX_PANELS windows: an action far shorter than the rest only gets its kind letter.
+    window = max(shortest * cols / min_cols_per_action, sim.makespan_ms / MAX_PANELS, 1e-12)
+    panels, t = [], 0.0
+    while t < sim.makespan_ms - 1e-12:
+        panels.append(timeline(dag, sim, width, span=(t, min(sim.makespan_ms, t + window))))
+        t += window
+    return panels
+
+
+def grid_table(order_rows: Sequence[Sequence[str]], title: str) -> Table:
+    """The rank x step grid of a schedule (action strings)."""
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("rank", justify="right", style="bold")
+    steps = max(len(r) for r in order_rows)
+    for step in range(steps):
+        table.add_column(str(step), justify="center")
+    for r, row in enumerate(order_rows):
+        cells = [Text(a, style=KIND_STYLE[parse_action(a).kind]) for a in row] + [Text("")] * (steps - len(row))
+        table.add_row(str(r), *cells)
+    return table
+
+
+def simulation_json(dag, sim: Simulation, freeze_ratio: float, profile_name: str) -> dict:
+    s = dag.schedule
+    return {
+        "profile": profile_name,
+        "schedule": s.name,
+        "num_ranks": s.num_ranks,
+        "num_stages": s.num_stages,
+        "num_microbatches": s.num_microbatches,
+        "stages_per_rank": s.stages_per_rank,
+        "num_actions": dag.num_nodes,
+        "freeze_ratio": freeze_ratio,
+        "batch_time_ms": sim.batch_time_ms,
+        "makespan_ms": sim.makespan_ms,
+        "step_overhead_ms": sim.step_overhead_ms,
+        "bubble_fraction": sim.bubble_fraction,
+        "busy_ms": sim.busy_ms,
+        "idle_ms": sim.idle_ms,
+        "critical_path": [str(dag.actions[v]) for v in sim.critical_path],
+    }

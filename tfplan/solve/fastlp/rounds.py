@@ -1,0 +1,264 @@
+"""One phase of fastlp certified (Note [periodic compression] in tfplan.solve.fastlp): rounds of the tied primal
+(an upper bound U) and the tied dual (a lower bound L) in two threads, their margins growing until U - L meets the
+phase's tolerance.
+
+certified() runs the rounds of one phase and returns an Outcome, which phases.solve chains into the next phase.
+
+Note [warm margins]
+  Phase 2's tied primal often needs several margins on heterogeneous profiles (random-0 1F1B 32 x 512 and
+  32 x 16384: four, of 5.2k, 8.9k, 16.4k and 30-31k columns), and each used to start GLOP from scratch. The
+  last margin's optimum, expanded to every action and tied again at the larger margin (tied.carried_point),
+  is feasible there with the same objective; a basis of its values (tied.basis_of_point) starts GLOP's dual
+  simplex without presolve (CARRIED_PARAMS, through math_opt as in Note [warm phase 3]; where GLOP fails from
+  it, the solve from scratch runs). Measured (1F1B, random-0, cap 0.9; fresh processes): 32 x 512 alternated,
+  phase 2 18.9 s from scratch against 11.8 s carried, the solve 29.3 against 22.8 s; 32 x 16384, the runs
+  just before and after the change, phase 2 19.1 against 13.2 s, the solve 33.0 against 27.3 s; the same
+  optima (phase 2 to 1e-13). Tried before the safe bound was summed exactly (Note [bound rounding] in
+  tfplan.solve.fastlp.exact), the different vertex it ends phase 2 on made phase 3's float64 L come out 2.4e-7
+  above U, and it was taken out.
+
+Note [unneeded duals]
+  A round's tied dual runs in a worker thread beside its tied primal (_lower_side). When the primal finishes
+  first and its U already meets the best L of an earlier round (any tied dual's bound holds, Note [periodic
+  compression]), the phase is certified there and the dual is stopped (glop.Race): on random-0 1F1B
+  32 x 16384 phase 2's third tied dual already met the optimum and only its primal was short, so the fourth
+  round's dual (53,664 columns, about 8 s of GLOP) ran 2-4 s past its primal, for nothing. Which side will
+  be short cannot be told beforehand (on interleaved 16 x 512 the last dual was needed), so both still start;
+  only the wait is cut. The dual margin handed on is then the earlier round's, the smallest that met.
+
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import numpy as np
+
+from tfplan.errors import TfplanError
+from tfplan.solve.fastlp.dual import phase3_dual_basis, tied_dual
+from tfplan.solve.fastlp.glop import CARRIED_PARAMS, WARM_PARAMS, LPResult, Race, race, solve_lp, solve_warm
+from tfplan.solve.fastlp.lower import dual_bound, lower_bound, tighter_bound
+from tfplan.solve.fastlp.margins import Margins
+from tfplan.solve.fastlp.tied import (
+    INF,
+    Compressed,
+    Phase,
+    SparseLP,
+    basis_of_point,
+    carried_point,
+    phase3_basis,
+    tied_primal,
+)
+from tfplan.solve.lp import FEASIBLE, OPTIMAL, PHASE_NAMES, Deadline, PhaseResult, gap_tol
+
+log = logging.getLogger(__name__)
+
+SANE_GAP = 1e-6  # a gap U - L above the tolerance up to this (relative) is first re-tried with U polished
+NEG_GAP = 1e-7  # U < L by more than this (relative) means a solve went wrong (L <= U by weak duality): grow
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One phase solved: its result, and its best tied primal point (the plan if it is the last phase)."""
+
+    result: PhaseResult
+    upper: LPResult
+    c: Compressed
+    phase: Phase
+    primal: SparseLP
+    """The tied primal `upper` solves (its row blocks place phase 2's basis in phase 3's LP)."""
+    dual: tuple[tuple[np.ndarray, np.ndarray], LPResult] | None = None
+    """The margin handed on (Margins.dual) and the tied dual solved there, with its basis in phase 2 (Note [warm
+    phase 3])."""
+
+
+def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, number: int, deadline: Deadline,
+                  warm: tuple[np.ndarray, np.ndarray] | None = None):
+    """Start the tied primal's solve (Note [LP tolerance]): the dual simplex in phase 2 (keeping its basis for
+    phase 3), from `warm` when it is given (the last margin's point, Note [warm margins]), the primal simplex in
+    phase 1, and in phase 3 the primal simplex from `warm`, phase 2's basis (Note [warm phase 3]), or without
+    it both simplexes in a race (the first to finish interrupts the other). Returns the futures."""
+    def cold() -> LPResult | None:
+        if number == 3:
+            return race(primal, exact, deadline)
+        return solve_lp(primal, not exact, deadline, number == 2, duals=exact, basis=number == 2)
+
+    if warm is not None:
+        def warm_job() -> LPResult | None:
+            limit = None if deadline.limit_s is None else deadline.remaining()
+            if number == 2:
+                result = solve_warm(primal, warm, CARRIED_PARAMS, limit, final_basis=True)
+            else:
+                result = solve_warm(primal, warm, WARM_PARAMS, limit)
+            # A basis GLOP cannot use (or a failed solve): the solve from scratch, as without a basis.
+            return result if result is not None or deadline.expired() else cold()
+
+        return [pool.submit(warm_job)]
+    return [pool.submit(cold)]
+
+
+def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcome | None = None) -> Outcome | None:
+    """Solve one phase: tied primal and tied dual in two threads, growing their margins (Note [two margins] in
+    tfplan.solve.fastlp.margins) until U - L <= lp.gap_tol(phase) max(1, |U|).
+
+    The phase value carried on is max(U, L): U may be off by GLOP's tolerance, and a value below the true
+    optimum would make the next phase infeasible. Out of time (or untied and still short of the bound), the
+    best U found so far comes back FEASIBLE with its gap; None when there is none.
+    """
+    start = time.perf_counter()
+    iterations = 0
+    margin = margins.start(phase.number)
+    best: tuple[LPResult, Compressed, SparseLP] | None = None
+    best_lower = -INF
+    certified = False
+    # Note [two margins]: which side is solved this round, its last value, whether it moved at its last growth,
+    # and each round's dual margin with its bound (the smallest that meets the optimum is handed on).
+    solve_p = solve_d = True
+    prev_u = prev_l = None
+    moved_u = moved_l = True
+    lower: LPResult | None = None
+    tightened_dual: LPResult | None = None
+    polish_tried: LPResult | None = None
+    rounds: list[tuple[tuple[np.ndarray, np.ndarray], float, LPResult | None]] = []
+    handed = None
+    bound = -INF
+    carried: tuple[LPResult, Compressed] | None = None  # the last round's tied primal point (Note [warm margins])
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        while not deadline.expired():
+            if solve_p:
+                c = margins.compressed(margin)
+                exact = c.ties.num_tied == 0  # the tied primal is then the full LP
+                primal = tied_primal(c, phase)
+                warm = None  # Note [warm phase 3]; untied, the primal certifies itself with row duals, which it lacks
+                if phase.number == 3 and not exact and before is not None and before.c is c:
+                    if before.upper.basis is not None:
+                        warm = phase3_basis(c, before.primal, primal, before.upper.x, before.upper.basis)
+                elif phase.number == 2 and not exact and carried is not None and carried[1] is not c:
+                    warm = basis_of_point(primal, carried_point(carried[1], carried[0].x, c))  # [warm margins]
+                upper_jobs = _submit_upper(pool, primal, exact, phase.number, deadline, warm)
+            c_dual = c if exact else margins.compressed(margins.dual)
+            cut = False  # Note [unneeded duals]
+            if exact:
+                lower = None
+            elif solve_d:
+                dual_warm = None  # Note [warm phase 3]: phase 2's tied dual basis, at the same margin
+                if phase.number == 3 and before is not None and before.dual is not None and not rounds \
+                        and before.dual[1].basis is not None \
+                        and all(np.array_equal(a, b) for a, b in zip(before.dual[0], margins.dual)):
+                    dual_warm = before.dual[1]
+                stop = Race()
+                dual_job = pool.submit(_lower_side, c_dual, phase, margins, deadline, dual_warm,
+                                       upper_jobs if solve_p else [], stop)
+                if solve_p and best_lower > -INF:
+                    wait([*upper_jobs, dual_job], return_when=FIRST_COMPLETED)
+                    first = _best_upper(upper_jobs) if all(job.done() for job in upper_jobs) else None
+                    if not dual_job.done() and first is not None and \
+                            _certifies(first.objective - best_lower, max(1.0, abs(first.objective)), phase.number):
+                        stop.finish()  # an earlier round's L already meets U
+                        cut = True
+                lower, fresh, spent = dual_job.result()
+                iterations += spent
+                bound = max(best_lower, fresh)
+            if solve_p:
+                upper = _best_upper(upper_jobs)
+                iterations += upper.iterations if upper else 0
+                carried = None if upper is None else (upper, c)
+            if exact:  # the untied primal's own row duals
+                bound = max(best_lower, lower_bound(c_dual, phase, primal, upper, lower, margins.chain_windows()))
+            gap = upper.objective - bound if upper else INF
+            scale = max(1.0, abs(upper.objective)) if upper else 1.0
+            tol = gap_tol(phase.number) * scale
+            claimed = upper.objective if exact and upper else lower.objective if lower else -INF  # GLOP's own L
+            log.debug(
+                "phase %d: U=%s L=%s (GLOP's %s) gap=%.3g (%d of %d actions tied, LP columns %d; dual's margin %d "
+                "periods in all)", phase.number, upper and upper.objective, bound, claimed, gap, c.ties.num_tied,
+                c.g.n, len(c.free_nodes) + len(c.r_nodes) + c.ties.num_runs,
+                int(margins.dual[0].sum() + margins.dual[1].sum()),
+            )
+            tightened = not exact and lower is tightened_dual  # that dual's bound is as tight as it gets
+            for polish in (False, True):
+                if polish and upper is not polish_tried and tol < gap <= SANE_GAP * scale:  # GLOP's tolerance?
+                    polish_tried = upper  # once per U, also in a round that grew only the dual
+                    polished = solve_lp(primal, not exact, deadline, precise=True, duals=exact,
+                                        basis=phase.number == 2)
+                    if polished is not None:
+                        polish_tried = polished
+                        iterations += polished.iterations
+                        log.debug("phase %d: U polished %s -> %s", phase.number, upper.objective, polished.objective)
+                        upper, claimed = polished, polished.objective if exact else claimed
+                        gap = upper.objective - bound
+                if upper and not tightened and gap > tol and upper.objective - claimed <= SANE_GAP * scale:
+                    tightened, tightened_dual = True, lower  # GLOP's own L is close, the safe one not
+                    bound, spent = tighter_bound(c_dual, phase, primal, upper, lower, bound, margins, deadline)
+                    iterations += spent
+                    gap = upper.objective - bound
+            if upper is not None and (best is None or upper.objective < best[0].objective):
+                best = (upper, c, primal)
+            best_lower = max(best_lower, bound)
+            if not cut:  # (a cut dual's margin has no bound of its own to hand on)
+                rounds.append((margins.dual, bound, lower))
+            if _certifies(gap, scale, phase.number):
+                certified = True
+                break
+            if exact:
+                if upper is None and not deadline.expired():
+                    raise TfplanError(f"LP phase {PHASE_NAMES[phase.number - 1]}: GLOP did not reach OPTIMAL on the "
+                                      "full LP")
+                break
+            if solve_p:
+                moved_u = upper is None or prev_u is None or abs(upper.objective - prev_u) > tol
+                prev_u = None if upper is None else upper.objective
+            if solve_d:
+                moved_l = bound == -INF or prev_l is None or abs(bound - prev_l) > tol
+                prev_l = bound
+            solve_p, solve_d = margins.advance(moved_u, moved_l)
+            margin = margins.current
+    if best is None:
+        return None
+    upper, c, primal = best
+    value = upper.objective
+    gap = None if best_lower == -INF else max(0.0, value - best_lower)
+    if certified:
+        value = max(value, best_lower)
+        tol = gap_tol(phase.number) * max(1.0, abs(value))
+        margins.dual, handed = next(((m, low) for m, b, low in rounds if value - b <= tol), (margins.dual, None))
+        handed = None if handed is None else (margins.dual, handed)
+    result = PhaseResult(
+        name=PHASE_NAMES[phase.number - 1], objective=value, status=OPTIMAL if certified else FEASIBLE,
+        iterations=iterations, wall_s=time.perf_counter() - start, gap=gap,
+    )
+    return Outcome(result, upper, c, phase, primal, handed)
+
+
+def _best_upper(jobs: list[Future]) -> LPResult | None:
+    """The smallest U the tied primal's finished `jobs` found (None when none found one)."""
+    return min((r for r in (job.result() for job in jobs) if r is not None), default=None, key=lambda r: r.objective)
+
+
+def _certifies(gap: float, scale: float, number: int) -> bool:
+    """Whether U - L = gap certifies phase `number`, scale = max(1, |U|): within lp.gap_tol, and not far below 0
+    (L <= U by weak duality, so that would be numerical trouble: NEG_GAP)."""
+    return -NEG_GAP * scale <= gap <= gap_tol(number) * scale
+
+
+def _lower_side(c: Compressed, phase: Phase, margins: Margins, deadline: Deadline, warm: LPResult | None,
+                upper_jobs: list[Future], stop: Race) -> tuple[LPResult | None, float, int]:
+    """A phase's tied dual at `c`, solved and turned into its safe bound (lower.dual_bound), in a worker thread
+    beside the tied primal's `upper_jobs`; `stop` ends its solve (Note [unneeded duals]). Phase 3's is raced by
+    both simplexes, as its primal (Note [LP tolerance]), after a head start from `warm`, phase 2's tied dual at
+    the same margin (Note [warm phase 3]). Returns the dual (None when stopped), its bound and its iterations."""
+    dual_lp = tied_dual(c, phase)
+    if phase.number == 3:
+        basis = None if warm is None else phase3_dual_basis(warm.basis, dual_lp)
+        head_start = 0.0 if basis is None else max(1.0, 0.5 * warm.wall_s)
+        lower = race(dual_lp, False, deadline, basis, head_start, basis=True, within=stop)
+    else:
+        lower = solve_lp(dual_lp, True, deadline, basis=True, race=stop)
+    if stop.over:
+        return None, -INF, 0 if lower is None else lower.iterations
+    running = not all(job.done() for job in upper_jobs)
+    lower, bound = dual_bound(c, phase, dual_lp, lower, margins, running)
+    return lower, bound, 0 if lower is None else lower.iterations

@@ -1,0 +1,203 @@
+"""`tfrun`: run pipeline-parallel training that applies a TimelyFreeze plan, and measure profiles.
+
+Examples:
+    tfrun train --plan plan.json --steps 30 --out runs/plan
+    tfrun train --plan plan.json --freeze none --out runs/baseline
+    tfrun profile --model tiny --stages 2 --microbatches 8 --output profile.json
+    tfrun export runs/plan --hf runs/plan-hf
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tfplan.cli.options import user_errors
+from tfrun.cli.train_cmd import train_cmd
+from tfrun.errors import TfrunError
+
+app = typer.Typer(
+    name="tfrun",
+    help="Run pipeline-parallel training with per-micro-batch freezing (torch.distributed.pipelining).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+app.command("train")(train_cmd)
+
+
+@app.command("compare")
+def compare_cmd(
+    runs: Annotated[list[str], typer.Argument(help="Run folders of `tfrun train` (two or more).")],
+    baseline: Annotated[
+        str | None, typer.Option("--baseline", help="The reference run (default: the --freeze none one).")
+    ] = None,
+    per_stage: Annotated[bool, typer.Option("--per-stage", help="Show the realised ratio of each stage.")] = False,
+    plot: Annotated[str | None, typer.Option("--plot", help="Write the curves to this PNG (matplotlib).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Compare runs of another model, data, seed or batch.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """What each method buys and costs: training time (wall time, evaluation excluded), tokens/s over it and
+    the speedup against the unfrozen run (and, labelled, the median step's), realised freeze ratio, final
+    train and eval loss, eval gap (also against the unfrozen run after the same training time) and the
+    training time to reach the unfrozen run's final eval loss.
+
+    Example: tfrun compare runs/none runs/plan runs/apf --plot compare.png
+    """
+    from rich.table import Table
+
+    from tfrun.records import compare
+
+    with user_errors(TfrunError):
+        if len(runs) < 2:
+            raise TfrunError("compare needs two or more run folders")
+        loaded = [compare.load_run(r) for r in runs]
+        if not force:
+            compare.check_comparable(loaded)
+        base = compare.pick_baseline(loaded, baseline, force)
+        result = compare.compare(loaded, base)
+        if plot:
+            compare.plot(loaded, plot)
+        if as_json:
+            print(json.dumps(result))
+            return
+        table = Table(title=f"against {base.dir} (target eval loss {result['target_eval_loss']:.4f}; training time "
+                            "is wall time, evaluation excluded)", title_justify="left", show_edge=False)
+        for col in ("run", "method", "training time", "tokens/s", "speedup", "median step speedup", "freeze ratio",
+                    "train loss", "eval loss", "eval gap", "gap at equal time", "time to target"):
+            table.add_column(col, justify="left" if col in ("run", "method") else "right")
+        for row in result["runs"]:
+            ratio = (" ".join(f"{r:.2f}" for r in row["freeze_ratio_per_stage"] or []) if per_stage
+                     else f"{row['mean_freeze_ratio']:.3f}")
+            reached = row["time_to_target_s"]
+            table.add_row(Path(row["dir"]).name, row["method"],
+                          f"{row['training_s']:.1f} s" + ("" if row["wall_time"] else " (steps only)"),
+                          f"{row['tokens_per_s']:.0f}", f"{row['speedup']:.3f}", f"{row['step_speedup']:.3f}", ratio,
+                          f"{row['final_train_loss']:.4f}",
+                          f"{row['final_eval_loss']:.4f}" if row["final_eval_loss"] is not None else "-",
+                          f"{row['eval_gap']:+.2%}" if row["eval_gap"] is not None else "-",
+                          f"{row['eval_gap_same_time']:+.2%}" if row["eval_gap_same_time"] is not None else "-",
+                          f"{reached:.0f} s" if reached is not None else "not reached")
+        # off a terminal rich assumes 80 columns and wraps every cell; a file gets the table whole
+        console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+        console.print(table)
+        if plot:
+            console.print(f"plot written to {plot}")
+
+
+@app.command("profile")
+def profile_cmd(
+    model: Annotated[str, typer.Option("--model", help="Model size (tfrun.models.MODELS) or hf:DIR.")] = "tiny",
+    stages: Annotated[
+        int, typer.Option("--stages", help="Pipeline stages in the paper's sense, one per rank; the profile holds "
+                                             "stages x stages-per-rank model chunks.")
+    ] = 2,
+    microbatches: Annotated[int, typer.Option("--microbatches", "-m", help="Micro-batches per step.")] = 8,
+    schedule: Annotated[
+        str, typer.Option("--schedule", help="Schedule to profile (any tfrun runs); the other backward style "
+                                             "comes from its counterpart.")
+    ] = "1f1b",
+    stages_per_rank: Annotated[
+        int | None, typer.Option("--stages-per-rank", help="Stages per rank V (default: the schedule's).")
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Steps per measuring run (4 runs; 2 untimed).")] = 20,
+    repeat: Annotated[
+        int, typer.Option("--repeat", help="Measure N times and keep the most consistent set.")
+    ] = 1,
+    dp: Annotated[
+        int, typer.Option("--dp", help="Measure with this many data-parallel replicas (their gradient reduction "
+                                       "in the tails).")
+    ] = 1,
+    microbatch_size: Annotated[int, typer.Option("--microbatch-size", help="Sequences per micro-batch.")] = 4,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 128,
+    threads: Annotated[int, typer.Option("--threads", help="Compute threads per rank (CPU).")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed.")] = 0,
+    output: Annotated[str, typer.Option("--output", "-o", help="Profile JSON to write.")] = "profile.json",
+    precision: Annotated[
+        str, typer.Option("--precision", help="auto (bf16 on CUDA, fp32 on CPU), fp32 or bf16, as tfrun train.")
+    ] = "auto",
+    work_dir: Annotated[
+        str | None, typer.Option("--work-dir", help="Keep the measuring runs here (default: a temp folder).")
+    ] = None,
+    init_from: Annotated[
+        str | None, typer.Option("--init-from", help="Measure from this run's latest weights (the noise scale "
+                                                     "depends on them: a fine-tuning job's checkpoint).")
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option("--data", help="Training text file, or 'stdlib' (as tfrun train).")
+    ] = None,
+) -> None:
+    """Measure a profile inside the pipeline: nothing frozen, then everything frozen, with the schedule itself
+    and its counterpart of the other backward style (tfrun.cli.profiling); writes tfplan's format and warns when
+    a measurement is unstable. The unfrozen run also measures each stage's gradient noise scale (the profile's
+    noise section, for `tfplan solve --objective goodput`), at --init-from's weights if given."""
+    from tfrun.cli import profiling
+
+    with user_errors(TfrunError):
+        prof = profiling.measure(
+            model=model, num_ranks=stages, num_microbatches=microbatches, schedule=schedule,
+            stages_per_rank=stages_per_rank, steps=steps, microbatch_size=microbatch_size, seq_len=seq_len,
+            threads=threads, seed=seed, work_dir=work_dir, repeat=repeat, dp=dp, init_from=init_from, data_path=data,
+            precision=precision,
+        )
+        from tfplan.fileio import write_json_atomic
+
+        write_json_atomic(output, prof.to_dict())
+        warnings = (prof.quality or {}).get("warnings", [])
+        console = Console(highlight=False, stderr=True)
+        for warning in warnings[:5]:
+            console.print(f"[yellow]warning:[/yellow] {warning}")
+        if len(warnings) > 5:
+            console.print(f"[yellow]warning:[/yellow] and {len(warnings) - 5} more (quality.warnings in {output})")
+        Console(highlight=False).print(f"profile written to {output}")
+
+
+@app.command("export")
+def export_cmd(
+    run_dir: Annotated[str, typer.Argument(help="A `tfrun train` output folder.")],
+    hf_out: Annotated[str, typer.Option("--hf", help="Write a Hugging Face LLaMA folder here (new or empty).")],
+    step: Annotated[
+        int | None, typer.Option("--step", help="The checkpoint (steps completed); default: the newest that "
+                                                "verifies.")
+    ] = None,
+    max_shard_mb: Annotated[
+        float, typer.Option("--max-shard-mb", help="Shard the weights above this many MiB (default 5120).")
+    ] = 5120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Write a run's trained weights (every stage merged) as a Hugging Face folder: config.json and
+    safetensors (sharded with an index above --max-shard-mb) that transformers' from_pretrained loads.
+
+    Example: tfrun export runs/finetune --hf runs/finetune-hf
+    """
+    import dataclasses
+
+    from tfrun.records.export import export_hf
+
+    with user_errors(TfrunError):
+        result = export_hf(run_dir, hf_out, step=step, max_shard_bytes=int(max_shard_mb * 2**20))
+    if as_json:
+        print(json.dumps(dataclasses.asdict(result)))
+        return
+    console = Console(highlight=False, soft_wrap=True, stderr=True)
+    for line in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {line}")
+    Console(highlight=False, soft_wrap=True).print(
+        f"exported step {result.step} of {run_dir}: {result.num_params:,} parameters in {len(result.files)} "
+        f"file{'s' * (len(result.files) != 1)} to {result.out}", markup=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,227 @@
+"""`tfrun train`: every option of a training run, turned into a TrainConfig (tfrun.cli.setup) and launched.
+
+Registered on the app by tfrun.cli.app.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tfplan.cli.options import user_errors
+from tfrun.config.train_config import APF_STABLE_SHARE, NOISE_EVERY
+from tfrun.errors import TfrunError
+
+
+def train_cmd(
+    plan: Annotated[
+        str | None, typer.Option("--plan", help="Plan JSON from `tfplan solve` (with --freeze timely: optional, "
+                                                "seeds the first plan).")
+    ] = None,
+    model: Annotated[
+        str, typer.Option("--model", help="Model size: tiny, small, llama3.2-1b, llama3.1-8b; or hf:DIR, a Hugging "
+                                          "Face LLaMA checkpoint folder (fine-tuning).")
+    ] = "tiny",
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 30,
+    seed: Annotated[int, typer.Option("--seed", help="Initialisation, data and freeze-selection seed.")] = 0,
+    out: Annotated[str | None, typer.Option("--out", help="Output folder (default runs/latest).")] = None,
+    freeze: Annotated[
+        str, typer.Option("--freeze", help="plan: apply the plan; none: the unfrozen baseline; all: freeze "
+                                           "everything; timely: measure, plan and freeze inside the run; "
+                                           "uniform: every backward at the plan's mean ratio; apf, autofreeze: "
+                                           "the baselines; timely+apf, timely+autofreeze: the plan's ratios, "
+                                           "the baseline's choice of tensors.")
+    ] = "plan",
+    freeze_method: Annotated[
+        str, typer.Option("--freeze-method", help="detach (forward with frozen weights detached) or grad.")
+    ] = "detach",
+    freeze_policy: Annotated[
+        str | None, typer.Option("--freeze-policy", help=(
+            "Which tensors an action freezes. auto (default): stage 0 freezes its front layers (a prefix, "
+            "linear in time as planned) whenever the plan leaves one of its micro-batches unfrozen, rotating "
+            "random subsets otherwise; other stages freeze rotating random subsets; every tensor keeps "
+            "learning. random: rotating random subsets everywhere (stage 0 then saves little until r = 1). "
+            "prefix: stage 0 always freezes its front layers: planned speed, but the front stops learning "
+            "while the ratios stay high (costs eval loss: docs/benchmarks.md). skip: whole backwards skipped "
+            "in a share r of steps (steps vary: slower than planned, trains worst). weighted: stage 0 draws "
+            "front-weighted random subsets (the paper's code). goodput: as auto on stage 0; elsewhere one "
+            "rotating turn per window, then the tensors with the least learning per ms frozen first (from the "
+            "measured noise scale); the default under --objective goodput."))
+    ] = None,
+    ramp_steps: Annotated[
+        int | None, typer.Option("--ramp-steps", help="Ramp ratios from 0 over K steps (default 0; timely 15).")
+    ] = None,
+    redraw_every: Annotated[
+        int, typer.Option("--redraw-every", help="Window of K steps: frozen sets are re-drawn per window, and "
+                                                 "each stage's realised mean ratio over a window is at most the "
+                                                 "plan's.")
+    ] = 10,
+    max_stale_steps: Annotated[
+        int, typer.Option("--max-stale-steps", help="Unfreeze any tensor that got no gradient for K steps "
+                                                    "(0: off).")
+    ] = 0,
+    grad_rescale: Annotated[
+        bool, typer.Option("--grad-rescale", help="Gradient = mean over contributing micro-batches.")
+    ] = False,
+    microbatch_size: Annotated[int, typer.Option("--microbatch-size", help="Sequences per micro-batch.")] = 4,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", help="Sequences per step (= dp x micro-batch size x plan's M).")
+    ] = None,
+    dp: Annotated[
+        int, typer.Option("--dp", help="Data-parallel replicas of the pipeline (world = dp x the plan's ranks).")
+    ] = 1,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 128,
+    lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 3e-4,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="Validation loss every K steps (0: end).")] = 0,
+    checkpoint_every: Annotated[
+        int, typer.Option("--checkpoint-every", help="Checkpoint every K steps (0: only by time and at the end).")
+    ] = 100,
+    checkpoint_minutes: Annotated[
+        float, typer.Option("--checkpoint-minutes", help="Also checkpoint when this many minutes passed since the "
+                                                         "last one (0: off).")
+    ] = 10.0,
+    keep_checkpoints: Annotated[
+        int, typer.Option("--keep-checkpoints", help="Keep the newest K complete checkpoints (0: all; else >= 2).")
+    ] = 2,
+    resume: Annotated[
+        str | None, typer.Option("--resume", help="Continue the run in this folder from its newest complete "
+                                                  "checkpoint (same plan and settings; --steps may grow).")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run a plan whose profile was measured for another model, batch shape "
+                                           "or device (summary.json then reports no prediction error).")
+    ] = False,
+    data: Annotated[
+        str | None, typer.Option("--data", help="Training data: a text file, a .jsonl file (its 'text' fields) or a "
+                                                "folder of them, a .bin file of token ids, or 'stdlib' (Python "
+                                                "source; default: CPython's pydoc topics).")
+    ] = None,
+    # -- real data and models (issue 22) --
+    tokenizer: Annotated[
+        str | None, typer.Option("--tokenizer", help="A tokenizer.json (Hugging Face tokenizers) for text --data; "
+                                                     "tokenized once and cached. Default: bytes (vocabulary 256).")
+    ] = None,
+    token_dtype: Annotated[
+        str, typer.Option("--token-dtype", help="Ids of a --data FILE.bin: uint16 (nanoGPT's layout) or uint32.")
+    ] = "uint16",
+    token_cache: Annotated[
+        str | None, typer.Option("--token-cache", help="Folder of the tokenized-data cache (default: token-cache "
+                                                       "beside --out).")
+    ] = None,
+    precision: Annotated[
+        str, typer.Option("--precision", help="auto (bf16 on CUDA, fp32 on CPU), fp32, or bf16: autocast compute "
+                                              "with float32 master weights and optimizer state.")
+    ] = "auto",
+    init_from: Annotated[
+        str | None, typer.Option("--init-from", help="Start from this run's latest weights (fresh optimizer).")
+    ] = None,
+    threads: Annotated[int, typer.Option("--threads", help="Compute threads per rank (CPU).")] = 1,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    noise_every: Annotated[
+        int, typer.Option("--noise-every", help="Measure each stage's gradient noise scale every K steps (0: off); "
+                                                "summary.json and metrics.jsonl report it.")
+    ] = NOISE_EVERY,
+    schedule: Annotated[str | None, typer.Option("--schedule", help="timely without --plan: the schedule.")] = None,
+    ranks: Annotated[int | None, typer.Option("--ranks", help="timely without --plan: pipeline ranks.")] = None,
+    microbatches: Annotated[
+        int | None, typer.Option("--microbatches", "-m", help="timely without --plan: micro-batches per step.")
+    ] = None,
+    stages_per_rank: Annotated[
+        int | None, typer.Option("--stages-per-rank", help="timely without --plan: stages per rank V.")
+    ] = None,
+    max_freeze_ratio: Annotated[
+        str, typer.Option("--max-freeze-ratio", "-c", help="timely: cap on each stage's mean ratio (one value, or "
+                                                          "comma-separated per stage).")
+    ] = "0.9",
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="timely: steps before monitoring.")] = 5,
+    monitor_steps: Annotated[
+        int, typer.Option("--monitor-steps", help="timely: steps timing every action unfrozen.")
+    ] = 15,
+    probe_steps: Annotated[
+        int, typer.Option("--probe-steps", help="timely: steps timing frozen backwards (a quarter of the "
+                                               "micro-batches frozen per step).")
+    ] = 5,
+    replan_threshold: Annotated[
+        float, typer.Option("--replan-threshold", help="timely: re-plan when an action kind's time drifts by more "
+                                                      "than this share.")
+    ] = 0.10,
+    replan_window: Annotated[
+        int, typer.Option("--replan-window", help="timely: steps per drift check.")
+    ] = 20,
+    objective: Annotated[
+        str, typer.Option("--objective", help="timely: makespan (the fastest plan within the caps) or goodput (the "
+                                              "most predicted learning per second, from the noise scale measured "
+                                              "in the monitor phase; freezing nothing when it does not pay).")
+    ] = "makespan",
+    apf_threshold: Annotated[float, typer.Option("--apf-threshold", help="apf: stability threshold.")] = 0.05,
+    apf_ema: Annotated[float, typer.Option("--apf-ema", help="apf: moving-average factor.")] = 0.99,
+    apf_check_every: Annotated[int, typer.Option("--apf-check-every", help="apf: steps between checks.")] = 10,
+    apf_stable_share: Annotated[
+        float, typer.Option("--apf-stable-share", help="apf: a tensor freezes when this share of its scalars is "
+                                                       "stable.")
+    ] = APF_STABLE_SHARE,
+    autofreeze_percentile: Annotated[
+        float, typer.Option("--autofreeze-percentile", help="autofreeze: rate percentile that freezes.")
+    ] = 50.0,
+    autofreeze_check_every: Annotated[
+        int, typer.Option("--autofreeze-check-every", help="autofreeze: steps between checks.")
+    ] = 20,
+) -> None:
+    """Train with the plan's schedule, freezing each (stage, micro-batch) action's share of parameters; or, with
+    --freeze timely, measure the pipeline, solve the plan and freeze inside this one run.
+
+    Starts the plan's number of ranks on this host through torch.distributed.run, or joins an external
+    `torchrun` job. Writes metrics.jsonl, summary.json, profile.json and checkpoints to --out (and plan.json,
+    plans/ for timely). SIGINT or SIGTERM stops after the current step with a checkpoint (a second one aborts);
+    --resume DIR continues.
+
+    Examples:
+      tfrun train --plan plan.json --steps 30 --out runs/plan
+      tfrun train --freeze timely --schedule 1f1b --ranks 2 --microbatches 8 --max-freeze-ratio 0.9 --steps 120
+    """
+    from tfrun.cli import setup
+    from tfrun.distributed import launch
+
+    with user_errors(TfrunError):
+        config = setup.train_config(
+            plan_path=plan, model=model, steps=steps, seed=seed, out_dir=setup.out_dir(out, resume), freeze=freeze,
+            freeze_method=freeze_method, redraw_every=redraw_every,
+            freeze_policy=freeze_policy or ("goodput" if objective == "goodput" else "auto"), objective=objective,
+            ramp_steps=ramp_steps if ramp_steps is not None else (15 if freeze == "timely" else 0),
+            max_stale_steps=max_stale_steps, schedule=schedule, ranks=ranks, microbatches=microbatches,
+            stages_per_rank=stages_per_rank, max_freeze_ratio=_caps(max_freeze_ratio), warmup_steps=warmup_steps,
+            monitor_steps=monitor_steps, probe_steps=probe_steps, replan_threshold=replan_threshold,
+            replan_window=replan_window, apf_threshold=apf_threshold, apf_ema=apf_ema,
+            apf_check_every=apf_check_every, apf_stable_share=apf_stable_share,
+            autofreeze_percentile=autofreeze_percentile, autofreeze_check_every=autofreeze_check_every,
+            init_from=init_from, dp=dp,
+            grad_rescale=grad_rescale, microbatch_size=microbatch_size, global_batch=global_batch,
+            seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
+            checkpoint_minutes=checkpoint_minutes, keep_checkpoints=keep_checkpoints, force=force,
+            resume=resume is not None, data_path=data, threads=threads, quiet=quiet, noise_every=noise_every,
+            tokenizer_path=tokenizer, token_dtype=token_dtype, token_cache_dir=token_cache, precision=precision,
+        )
+        if launch.under_torchrun():
+            from tfrun.cli.worker import run_worker
+
+            sys.exit(run_worker(config))
+        stopped = launch.launch(config)
+        if stopped is not None:
+            Console(highlight=False, soft_wrap=True).print(
+                f"stopped after step {stopped.step} of {config.steps}, checkpoint written; resume with: "
+                f"{stopped.resume}", markup=False)
+            return
+        from tfplan.report import summary as summary_format
+
+        summary = summary_format.load(setup.out_path(config) / "summary.json")
+        setup.print_summary(summary, Console(highlight=False))
+
+
+def _caps(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise TfrunError(f"--max-freeze-ratio: numbers, comma-separated, got {text!r}") from None

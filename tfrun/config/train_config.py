@@ -1,0 +1,285 @@
+"""What one training run does: the schedule to run, the freeze ratios, the model, data and loop settings.
+
+`TrainConfig` is plain data. The launcher validates it before any rank starts and hands it to the workers
+as JSON (the only thing that crosses into the worker processes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tfrun.errors import TfrunError
+
+FREEZE_POLICIES = ("auto", "skip", "random", "prefix", "weighted", "goodput")
+"""`--freeze-policy`'s choices (tfrun.freeze.freezing Note [freeze policy])."""
+KEPT_STEPS = 1000
+"""Timed steps whose records an ActionTimer keeps (the newest): what the run's summary, timings.json and measured
+profile take their medians over, and a bound on memory (8 ranks x M = 64 x F, I, W is 1,536 records a step)."""
+FREEZE_MODES = ("plan", "none", "all", "timely", "uniform", "apf", "autofreeze", "timely+apf", "timely+autofreeze")
+PLANNED = ("plan", "uniform", "timely+apf", "timely+autofreeze")  # modes that apply `ratios`
+NOISE_EVERY = 5
+"""Default period of the noise-scale measurement, in steps (its cost: docs/benchmarks.md, "Noise scale")."""
+APF_STABLE_SHARE = 0.5
+"""Default share of a tensor's scalars that must be stable for APF to freeze it (tfrun.freeze.baselines Note [apf
+share]; measured in docs/results.md)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """One training (or profiling) run."""
+
+    order: list[list[str]]
+    """Per-rank compute actions in torch's grammar (the plan's schedule)."""
+    num_stages: int
+    """Pipeline stages S."""
+    num_microbatches: int
+    """Micro-batches M per step."""
+    stage_to_rank: list[int]
+    """stage_to_rank[s] = rank holding stage s."""
+    schedule_name: str = "custom"
+    """For reports."""
+    ratios: dict[str, float] = field(default_factory=dict)
+    """Action (e.g. "1B3") -> planned freeze ratio; absent = 0."""
+    predicted_step_ms: float | None = None
+    """The plan's predicted step time for this freeze mode (planned_ms, or no_freeze_ms under none)."""
+    plan_path: str | None = None
+    plan_profile: dict | None = None
+    """The plan's profile section (per-stage costs it was planned with), JSON form."""
+    plan_hash: str | None = None
+    """sha256 of the plan file's bytes (or of the generated schedule without one); a resume refuses another.
+    Set by tfrun.cli.setup."""
+    force: bool = False
+    """Run a plan whose profile does not match this run (tfrun.records.provenance); prediction_error is then null."""
+    prediction_note: str | None = None
+    """Why the plan's prediction does not apply to this run (the mismatch --force overrode); set by tfrun.cli.setup."""
+    freeze: str = "plan"
+    """plan: apply the ratios; none: freeze nothing (the baseline); all: freeze everything (profiling);
+    timely: measure, plan and freeze inside the run (tfrun.freeze.online); uniform: every B/W action at the plan's
+    overall mean ratio (schedule-blind); apf, autofreeze: the baselines (tfrun.freeze.baselines); timely+apf,
+    timely+autofreeze: the plan's ratios, the baseline's choice of tensors."""
+    freeze_method: str = "detach"
+    """detach or grad (tfrun.distributed.runtime Note [freeze methods])."""
+    freeze_policy: str = "auto"
+    """Which tensors an action freezes: auto, skip, random, prefix or weighted (tfrun.freeze.freezing Note [freeze
+    policy])."""
+    max_stale_steps: int = 0
+    """Unfreeze a tensor that got no gradient for this many steps (0 = off; tfrun.freeze.freezing Note [stale
+    guard])."""
+    model: str = "tiny"
+    """Named model size (tfrun.models.MODELS) or `hf:DIR`, a Hugging Face LLaMA checkpoint folder (tfrun.models.hf;
+    made absolute by tfrun.cli.setup)."""
+    model_hash: str | None = None
+    """hf: models: sha256 of the checkpoint's config.json (provenance compares it like a model name); set by
+    tfrun.cli.setup and tfrun.cli.profiling."""
+    steps: int = 30
+    """Optimizer steps to run (in all, counting resumed ones)."""
+    seed: int = 0
+    """Initialisation, data order and freeze selection seed."""
+    out_dir: str = "runs/latest"
+    """Where metrics.jsonl, summary.json, profile.json and checkpoints go."""
+    microbatch_size: int = 4
+    """Sequences per micro-batch."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    lr: float = 3e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    ramp_steps: int = 0
+    """Ratios ramp linearly from 0 to the plan over this many steps (0 = plan from the first step)."""
+    redraw_every: int = 10
+    """Steps between random re-draws of the frozen subsets."""
+    grad_rescale: bool = False
+    """Rescale each gradient by M / (micro-batches that contributed) instead of summing only unfrozen ones."""
+    eval_every: int = 0
+    """Evaluate validation loss every this many steps (0 = only at the end)."""
+    eval_batches: int = 4
+    """Validation batches per evaluation."""
+    checkpoint_every: int = 100
+    """Checkpoint every this many steps (0 = by time and at the end only)."""
+    checkpoint_minutes: float = 10.0
+    """Also checkpoint when this many minutes passed since the last one (rank 0's clock, agreed by every rank;
+    0 = off)."""
+    keep_checkpoints: int = 2
+    """Keep the newest this many complete checkpoints (0 = all; otherwise at least 2, so a damaged newest one
+    has a predecessor)."""
+    resume: bool = False
+    """Continue from out_dir's latest checkpoint."""
+    resume_step: int | None = None
+    """The checkpoint (completed steps) a resume starts from: the newest that verifies; set by tfrun.cli.setup."""
+    data_path: str | None = None
+    """Training text; None = CPython's pydoc topics."""
+    data_hash: str | None = None
+    """sha256 of the training text, or of the token stream (tokenized or .bin data); a resume refuses other data.
+    Set by tfrun.cli.setup."""
+    tokenizer_path: str | None = None
+    """--tokenizer: a tokenizer.json the text data is tokenized with (tfrun.data.tokenized); None: bytes."""
+    token_dtype: str = "uint16"
+    """--token-dtype of a --data FILE.bin: uint16 or uint32 little-endian ids (tfrun.data.tokenfile)."""
+    precision: str = "auto"
+    """Compute dtype: fp32, bf16 (autocast; float32 master weights and optimizer state: tfrun.distributed.runtime Note
+    [autocast]) or auto (bf16 on CUDA, fp32 on CPU)."""
+    token_cache: str | None = None
+    """Tokenized data: the cache entry's token file every rank reads (tfrun.data.tokenized Note [token cache]).
+    Set by tfrun.cli.setup."""
+    timing_warmup_steps: int = 1
+    """Steps (after the ramp) left out of timing medians (the first step infers shapes)."""
+    threads: int = 1
+    """Compute threads per rank (CPU)."""
+    quiet: bool = False
+    """No progress bar (benchmarks, tests)."""
+    max_freeze_ratio: list[float] = field(default_factory=lambda: [0.9])
+    """timely: the cap on each stage's mean ratio (one value for all stages, or one per stage)."""
+    warmup_steps: int = 5
+    """timely: steps without freezing or measuring at the start (tfrun.freeze.online)."""
+    monitor_steps: int = 15
+    """timely: steps timing every action with nothing frozen."""
+    probe_steps: int = 5
+    """timely: steps measuring frozen backward times (Note [probe])."""
+    replan_threshold: float = 0.10
+    """timely: re-plan when a (stage, kind)'s median measured / planned time is off by more (Note [drift])."""
+    replan_window: int = 20
+    """timely: steps per drift check in the stable phase."""
+    objective: str = "makespan"
+    """timely: what the in-run solve optimises: makespan (the fastest plan within the caps) or goodput (the
+    most predicted learning per second, from the noise scale measured in the monitor phase)."""
+    apf_threshold: float = 0.05
+    """apf: effective perturbation below which a tensor is stable (tfrun.freeze.baselines)."""
+    apf_ema: float = 0.99
+    """apf: factor of its moving averages."""
+    apf_check_every: int = 10
+    """apf: steps between stability checks."""
+    apf_stable_share: float = APF_STABLE_SHARE
+    """apf: a tensor freezes when this share of its scalars is stable (tfrun.freeze.baselines Note [apf share])."""
+    autofreeze_percentile: float = 50.0
+    """autofreeze: percentile of the layers' gradient-norm change rates below which a layer freezes."""
+    autofreeze_check_every: int = 20
+    """autofreeze: steps between checks."""
+    noise_every: int = NOISE_EVERY
+    """Measure the gradient noise scale every this many steps (0 = off; tfrun.freeze.noise Note [noise scale])."""
+    dp: int = 1
+    """Data-parallel replicas of the pipeline (world = dp x pipeline ranks; tfrun.distributed.rank)."""
+    init_from: str | None = None
+    """Start from this run's latest checkpoint (its weights; a fresh optimizer and data position)."""
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.order)
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per step over every replica: dp x micro-batch size x M."""
+        return self.dp * self.microbatch_size * self.num_microbatches
+
+    def schedule(self):
+        """The run's schedule as tfplan's IR (tfplan.schedule.schedules.Schedule)."""
+        from tfplan.schedule import schedules
+        from tfplan.schedule.actions import parse_action
+
+        return schedules.from_order([[parse_action(a) for a in row] for row in self.order], name=self.schedule_name,
+                                    num_microbatches=self.num_microbatches)
+
+    def compute_dtype(self, cuda: bool) -> str:
+        """The torch dtype name a forward computes in ("float32" or "bfloat16") on a CUDA device or not."""
+        bf16 = self.precision == "bf16" or self.precision == "auto" and cuda
+        return "bfloat16" if bf16 else "float32"
+
+    def ratio_of(self, action: str) -> float:
+        """The fixed ratio this run freezes `action` at: the plan's (plan), 0 (none), 1 (all); 0 under timely,
+        whose ratios change during the run (tfrun.freeze.online)."""
+        if self.freeze in PLANNED:
+            return self.ratios.get(action, 0.0)
+        return 1.0 if self.freeze == "all" else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> TrainConfig:
+        """A TrainConfig from its JSON object; every field's type is checked (tfrun.config.jsonfields).
+
+        Raises:
+            TfrunError: not an object, an unknown or missing field, or a value of the wrong type.
+        """
+        from tfrun.config.jsonfields import check_fields
+
+        return cls(**check_fields(obj, cls, "run config"))
+
+    def save(self, path: str | Path) -> None:
+        from tfplan.fileio import write_json_atomic
+
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        """Read run_config.json. Raises TfrunError (one line) for any unreadable or invalid file."""
+        from tfplan.errors import TfplanError
+        from tfplan.fileio import read_json
+
+        try:
+            obj = read_json(path, "run config")
+        except TfplanError as exc:
+            raise TfrunError(str(exc)) from None
+        try:
+            return cls.from_dict(obj)
+        except TfrunError as exc:
+            raise TfrunError(f"{path}: {exc}") from None
+
+    def check(self) -> None:
+        """Validate the settings a user chooses (one clear line per problem)."""
+        from tfrun.models import model_config
+
+        if self.freeze not in FREEZE_MODES:
+            raise TfrunError(f"--freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}")
+        if self.freeze_policy not in FREEZE_POLICIES:
+            raise TfrunError(f"--freeze-policy must be one of {', '.join(FREEZE_POLICIES)}, "
+                             f"got {self.freeze_policy!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise TfrunError(f"--precision must be auto, fp32 or bf16, got {self.precision!r}")
+        if self.freeze_method not in ("detach", "grad"):
+            raise TfrunError(f"--freeze-method must be detach or grad, got {self.freeze_method!r}")
+        cfg = model_config(self.model)
+        if cfg.n_layers < self.num_stages:
+            raise TfrunError(
+                f"model {self.model} has {cfg.n_layers} layers, fewer than the plan's {self.num_stages} stages"
+            )
+        if self.seq_len > cfg.max_seq_len:
+            raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len {cfg.max_seq_len}")
+        for name in ("steps", "microbatch_size", "seq_len", "redraw_every", "eval_batches", "threads",
+                     "apf_check_every", "autofreeze_check_every", "dp"):
+            if getattr(self, name) < 1:
+                raise TfrunError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("ramp_steps", "eval_every", "checkpoint_every", "timing_warmup_steps", "max_stale_steps",
+                     "warmup_steps", "monitor_steps", "probe_steps", "noise_every"):
+            if getattr(self, name) < 0:
+                raise TfrunError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise TfrunError(f"--lr must be > 0, got {self.lr}")
+        if not 0 < self.apf_threshold < 1 or not 0 <= self.apf_ema < 1 or not 0 < self.autofreeze_percentile < 100:
+            raise TfrunError("--apf-threshold must be in (0, 1), --apf-ema in [0, 1), --autofreeze-percentile in "
+                             "(0, 100)")
+        if not 0 < self.apf_stable_share <= 1:
+            raise TfrunError(f"--apf-stable-share must be in (0, 1], got {self.apf_stable_share:g}")
+        if self.init_from is not None and self.resume:
+            raise TfrunError("--init-from starts a new run from another run's weights; --resume continues a run: "
+                             "give one")
+        if not 0 <= self.checkpoint_minutes < float("inf"):
+            raise TfrunError(f"--checkpoint-minutes must be >= 0, got {self.checkpoint_minutes:g}")
+        if self.keep_checkpoints == 1 or self.keep_checkpoints < 0:
+            raise TfrunError(f"--keep-checkpoints must be 0 (keep all) or >= 2 (so that a damaged newest checkpoint "
+                             f"has a predecessor), got {self.keep_checkpoints}")
+        if self.freeze == "timely":
+            if self.plan_path is None and (self.monitor_steps < 2 or self.probe_steps < 1):
+                raise TfrunError("--freeze timely needs --monitor-steps >= 2 and --probe-steps >= 1 (or a --plan)")
+            if self.monitor_steps + self.probe_steps > KEPT_STEPS or self.replan_window > KEPT_STEPS:
+                raise TfrunError(f"--monitor-steps + --probe-steps and --replan-window must each be at most "
+                                 f"{KEPT_STEPS} (the steps whose timings a rank keeps)")
+            if self.replan_window < 2 or not 0 < self.replan_threshold:
+                raise TfrunError(f"--replan-window must be >= 2 and --replan-threshold > 0, got "
+                                 f"{self.replan_window} and {self.replan_threshold:g}")
+            if len(self.max_freeze_ratio) not in (1, self.num_stages) or not all(
+                    0 <= c <= 1 for c in self.max_freeze_ratio):
+                raise TfrunError(f"--max-freeze-ratio: one cap or one per stage ({self.num_stages}), each in [0, 1]")

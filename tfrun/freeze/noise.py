@@ -1,0 +1,168 @@
+"""The gradient noise scale of every stage, measured from the micro-batch gradients a pipeline step computes
+anyway (McCandlish et al. 2018, arXiv 1812.06162; METHOD.md section 9).
+
+Note [noise scale]: a mini-batch gradient over b tokens has E|g_b|^2 = |G|^2 + tr(Sigma) / b, where G is the
+true gradient and Sigma the per-token gradient covariance. A step computes each micro-batch's gradient g_m
+(mean over B_small tokens: one replica's micro-batch) and their mean G_step (over B_big = B_small x the
+(replica, micro-batch) pairs that reached the tensor). The two-batch estimates (their appendix A)
+    |G|^2     ~ (B_big |G_step|^2 - B_small S) / (B_big - B_small)
+    tr(Sigma) ~ (S - |G_step|^2) / (1 / B_small - 1 / B_big),      S = mean over pairs of |g_m|^2,
+are unbiased but noisy: each is smoothed over measured steps (an exponential average with bias correction,
+factor `NOISE_EMA`) before the ratio B_noise = tr(Sigma) / |G|^2, the noise scale in tokens. A stage's is
+the ratio of its tensors' sums; its |G|^2 share says how much of the model's progress it carries.
+
+|g_m|^2 comes from a hook on every trainable tensor (`Tensor.register_hook`, which fires with one backward
+call's gradient before it is added to .grad: in a full B, a restricted autograd.grad and a split W alike);
+G_step from .grad after the data-parallel reduction, before --grad-rescale and the optimizer. A tensor frozen
+in some micro-batches counts only those that reached it (B_big is then smaller). The replicas' sums are
+all-reduced before anyone uses them, so every replica holds the same estimates. Measured every `every`
+steps (`tfrun train --noise-every`); the hooks cost one reduction over each gradient per micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tfrun.freeze.candidates import Candidate
+
+NOISE_EMA = 0.9
+"""Factor of the moving averages of |G|^2 and tr(Sigma) over measured steps (Note [noise scale])."""
+
+
+class NoiseMeter:
+    """Note [noise scale] for one rank's stages."""
+
+    def __init__(self, modules: dict[int, nn.Module], stage_candidates: dict[int, list[Candidate]], *,
+                 num_microbatches: int, microbatch_tokens: int, every: int, dp: int = 1, dp_group=None) -> None:
+        self.every, self.m, self.b_small = every, num_microbatches, microbatch_tokens
+        self.dp, self.dp_group = dp, dp_group
+        self.names = {s: [c.name for c in cands] for s, cands in stage_candidates.items()}
+        self.active = False
+        self._sq: dict[int, torch.Tensor] = {}
+        """Stage -> per tensor, the sum over this step's micro-batches of |g_m|^2 (float64)."""
+        self._n: dict[int, torch.Tensor] = {}
+        """Stage -> per tensor, how many micro-batches reached it this step."""
+        self.gsq: dict[int, torch.Tensor] = {}
+        """Stage -> per tensor, the smoothed |G|^2 estimate (bias-uncorrected average)."""
+        self.trace: dict[int, torch.Tensor] = {}
+        """Stage -> per tensor, the smoothed tr(Sigma) estimate (per token)."""
+        self.counts: dict[int, torch.Tensor] = {}
+        """Stage -> per tensor, measured steps that gave it an estimate (for the bias correction)."""
+        self.measured = 0
+        """Steps measured so far."""
+        self.measured_this_step = False
+        """Whether the step in progress (or just ended) was measured."""
+        self._handles = []
+        # Hooks on every tensor even with every = 0 (a forced measurement needs them); an inactive one is a
+        # Python call that returns at once (about a microsecond a tensor per micro-batch).
+        for s, module in modules.items():
+            params = dict(module.named_parameters())
+            device = next(iter(params.values())).device if params else torch.device("cpu")
+            self._sq[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
+            self._n[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
+            for i, name in enumerate(self.names[s]):
+                self._handles.append(params[name].register_hook(self._hook(s, i)))
+
+    def _hook(self, stage: int, i: int):
+        def hook(grad: torch.Tensor) -> None:
+            if self.active:
+                self._sq[stage][i] += grad.detach().double().square().sum()
+                self._n[stage][i] += 1
+
+        return hook
+
+    def begin_step(self, step: int, force: bool = False) -> None:
+        """Measure this step or not: every `every` steps, or when `force`d (the online mode's monitor phase under
+        --objective goodput, which plans from the estimates)."""
+        self.active = self.measured_this_step = force or (self.every > 0 and step % self.every == 0)
+        if self.active:
+            for s in self._sq:
+                self._sq[s].zero_()
+                self._n[s].zero_()
+
+    def after_reduce(self, modules: dict[int, nn.Module]) -> bool:
+        """The step's gradients are reduced over the replicas (and not yet rescaled): fold this step's
+        estimates into the averages. Returns whether the step was measured. Collective over the replicas."""
+        if not self.active:
+            return False
+        self.active = False
+        for s, module in modules.items():
+            params = dict(module.named_parameters())
+            sq, n = self._sq[s], self._n[s]
+            if self.dp > 1:
+                both = torch.cat([sq, n])
+                dist.all_reduce(both, group=self.dp_group)
+                sq, n = both[: len(sq)], both[len(sq):]
+            big = torch.stack([
+                params[name].grad.detach().double().square().sum() if params[name].grad is not None
+                else torch.zeros((), dtype=torch.float64, device=sq.device) for name in self.names[s]])
+            # .grad = sum of the pairs' gradients / (dp M) (scale_grads and the replicas' mean): their mean is
+            # .grad x dp M / n, so |G_step|^2 = |.grad|^2 (dp M / n)^2 (Note [noise scale])
+            usable = n >= 2
+            n_safe = torch.where(usable, n, torch.ones_like(n))
+            g_step = big * (self.dp * self.m / n_safe) ** 2
+            small = sq / n_safe
+            b_small, b_big = float(self.b_small), n_safe * self.b_small
+            gsq = torch.where(usable, (b_big * g_step - b_small * small) / (b_big - b_small), torch.zeros_like(n))
+            trace = torch.where(usable, (small - g_step) / (1 / b_small - 1 / b_big), torch.zeros_like(n))
+            a = NOISE_EMA
+            zero = torch.zeros_like(n)
+            old_gsq, old_trace = self.gsq.get(s, zero), self.trace.get(s, zero)
+            self.gsq[s] = torch.where(usable, a * old_gsq + (1 - a) * gsq, old_gsq)
+            self.trace[s] = torch.where(usable, a * old_trace + (1 - a) * trace, old_trace)
+            self.counts[s] = self.counts.get(s, zero) + usable.double()
+        self.measured += 1
+        return True
+
+    def _corrected(self, stage: int, values: torch.Tensor) -> torch.Tensor:
+        """The moving average without its start's bias towards 0 (as Adam's); 0 for a tensor never estimated."""
+        weight = 1 - NOISE_EMA ** self.counts[stage]
+        return torch.where(weight > 0, values / weight.clamp_min(1e-300), torch.zeros_like(values))
+
+    def stage_estimates(self) -> dict[int, tuple[float, float]]:
+        """Stage -> (|G|^2, tr(Sigma)) smoothed, summed over its tensors that have an estimate; a stage none of
+        whose tensors was reached by two micro-batches of a measured step (a plan that freezes it heavily)
+        is left out."""
+        return {s: (float(self._corrected(s, self.gsq[s]).sum()), float(self._corrected(s, self.trace[s]).sum()))
+                for s in self.gsq if bool((self.counts[s] > 0).any())}
+
+    def tensor_estimates(self, stage: int) -> dict[str, tuple[float, float]]:
+        """Tensor name -> (|G|^2, tr(Sigma)) smoothed, for one local stage."""
+        if not self.measured or stage not in self.gsq:
+            return {}
+        gsq, trace = self._corrected(stage, self.gsq[stage]), self._corrected(stage, self.trace[stage])
+        return {name: (float(gsq[i]), float(trace[i])) for i, name in enumerate(self.names[stage])}
+
+    def state_dict(self) -> dict:
+        return {"gsq": self.gsq, "trace": self.trace, "counts": self.counts, "measured": self.measured}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gsq, self.trace, self.counts = dict(state["gsq"]), dict(state["trace"]), dict(state["counts"])
+        self.measured = int(state["measured"])
+
+    def gathered(self) -> dict[int, tuple[float, float]]:
+        """stage_estimates of every stage, on every rank. Collective over the default group."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return self.stage_estimates()
+        parts: list = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, self.stage_estimates())
+        return {s: v for part in parts for s, v in part.items()}
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def noise_scale(gsq: float, trace: float) -> float | None:
+    """tr(Sigma) / |G|^2 in tokens; None when |G|^2 is not positive (too few measured steps, or a gradient
+    indistinguishable from noise).
+
+    >>> noise_scale(2.0, 1000.0), noise_scale(0.0, 5.0)
+    (500.0, None)
+    """
+    return trace / gsq if gsq > 0 and math.isfinite(trace) else None
