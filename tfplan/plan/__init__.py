@@ -1,0 +1,9 @@
+"""Plans: a job (profile, schedule, caps) solved into the file that tfrun runs.
+
+Read in this order:
+  plan.py          the Plan, its predictions (step times against no freezing, uniform freezing, all frozen),
+                   the versioned JSON and schedule CSV it is written as (docs/formats.md)
+  plan_ratios.py   the stage x micro-batch table of ratios in a plan file, and its older versions
+  job.py           the user's options resolved into a DAG, solved by the backend that fits, the stage-0 anchor
+                   (Note [stage-0 anchor]), and the plan made from it
+"""

@@ -78,7 +78,7 @@ EVEN_GAP_TOL = 1e-7  # ... and phase 3 (even_spread)
 CAP_TOL = 1e-7  # a stage's mean ratio may exceed its cap by this much: both solvers' final check and the loader
 DEFAULT_TIME_LIMIT_S = 120.0  # the CLI's --time-limit
 # GLOP's default primal feasibility tolerance (1e-8, absolute) lets a re-simulated plan exceed the phase-1
-# makespan by more than REL_TOL on small instances; 1e-10 keeps it within (tests/test_solver). Both backends.
+# makespan by more than REL_TOL on small instances; 1e-10 keeps it within (tests/tfplan/solve/). Both backends.
 GLOP_PARAMS = "primal_feasibility_tolerance: 1e-10"
 PHASE_NAMES = ("makespan", "total_freeze", "even_spread")
 OPTIMAL, FEASIBLE = "OPTIMAL", "FEASIBLE"

@@ -1,0 +1,9 @@
+"""The `tfrun` command, and what runs in each launched rank.
+
+Read in this order:
+  setup.py       the user's options and plan file turned into a validated TrainConfig, before any rank starts
+  train_cmd.py   `tfrun train`'s options
+  profiling.py   `tfrun profile`: the measuring runs behind `tfplan profile`
+  app.py         the app: `train`, `compare`, `profile`, `export`, main()
+  worker.py      one rank's process (`python -m tfrun.cli.worker CONFIG.json`, started by torchrun)
+"""

@@ -1,10 +1,10 @@
 """What a run can read, one module per source, all ending in one token stream:
 
-  text        the built-in corpora (pydoc topics, `stdlib`) or one text file, as bytes (vocabulary 256)
-  tokenized   a text file, a `.jsonl` file (`text` fields) or a folder of them through `--tokenizer
-              tokenizer.json`, tokenized once and cached (Note [token cache])
-  tokenfile   a pre-tokenized flat `.bin` of uint16 or uint32 ids (nanoGPT's layout), memory-mapped
-  batches     any stream -> train/validation split, resumable random batches, micro-batches
+  text.py        the built-in corpora (pydoc topics, `stdlib`) or one text file, as bytes (vocabulary 256)
+  tokenized.py   a text file, a `.jsonl` file (`text` fields) or a folder of them through `--tokenizer
+                 tokenizer.json`, tokenized once and cached (Note [token cache])
+  tokenfile.py   a pre-tokenized flat `.bin` of uint16 or uint32 ids (nanoGPT's layout), memory-mapped
+  batches.py     any stream -> train/validation split, resumable random batches, micro-batches
 
 `open_stream` is what tfrun.cli.setup calls before any rank starts (every check, the vocabulary agreement, the
 cache written last); `rank_tokens` is what each rank calls (the checked stream, without checking again).

@@ -84,7 +84,7 @@ class Rank:
         return all(len(d) == 1 for d in by_rank.values())
 
     def reduce_gradients(self) -> None:
-        """Note [data-parallel reduction]: the step's gradients averaged over the replicas, once."""
+        """The step's gradients averaged over the replicas, once (Note [data-parallel reduction])."""
         if self.dp == 1:
             return
         for module in self.modules.values():

@@ -57,7 +57,7 @@ EPS = 1e-9  # slack for float sums of ratios (0.9 x 10 must count as 9 skips)
 
 def rotate(costs: Sequence[float], order: Sequence[int], allowance: Sequence[Sequence[float]],
            priority: Sequence[float] | None = None) -> list[list[frozenset[int]]]:
-    """Note [rotation]: frozen tensor indices per cell of one window.
+    """Frozen tensor indices per cell of one window (Note [rotation]).
 
     Args:
         costs: (N,) cost per tensor (> 0 in total).
@@ -166,7 +166,7 @@ def preferring_order(n: int, preferred: set[int], rng: random.Random, other_weig
 
 
 def skip_steps(allowance: Sequence[Sequence[float]], debt: Sequence[float]) -> tuple[list[list[bool]], list[float]]:
-    """Note [skip]: which cells of one window skip their whole backward.
+    """Which cells of one window skip their whole backward (Note [skip]).
 
     Args:
         allowance: (W, M) allowance per (step of the window, micro-batch).

@@ -10,12 +10,12 @@ steps each training tensor's update accumulated since the last check, u = (its v
 last check: one snapshot per check, not per step), feeds two exponential moving averages (factor `ema`, 0.99
 in the paper), elementwise: of u and of |u|. A scalar's effective perturbation is |EMA(u)| / EMA(|u|): near 1
 while its updates keep one direction, near 0 once they only oscillate (a scalar that never moved counts as
-0); below `threshold` (0.05) the scalar is stable. Note [apf share]: the tensor is stable when the share of
-its stable scalars reaches `stable_share`; it then freezes for its freezing period (in checks), which grows
-by one (additive increase); a tensor found unstable halves its period (multiplicative decrease, at least 1).
-A frozen tensor does not move, so its snapshot stays valid; it thaws when its period ends and is checked
-again from there (its averages resume where they stopped). The default `stable_share` is measured in
-docs/results.md ("APF, per scalar"). In the hybrid (`timely+apf`) the statistic reads the updates the plan's
+0); below `threshold` (0.05) the scalar is stable.
+Note [apf share]: the tensor is stable when the share of its stable scalars reaches `stable_share`; it then freezes for
+its freezing period (in checks), which grows by one (additive increase); a tensor found unstable halves its period
+(multiplicative decrease, at least 1). A frozen tensor does not move, so its snapshot stays valid; it thaws when its
+period ends and is checked again from there (its averages resume where they stopped). The default `stable_share` is
+measured in docs/results.md ("APF, per scalar"). In the hybrid (`timely+apf`) the statistic reads the updates the plan's
 partial freezing left, which is what APF observes of any training (docs/design.md, "Baselines in the hybrids").
 
 AutoFreeze (Liu et al., 2021), per layer (embedding, each block, the final norm and head), front to back.

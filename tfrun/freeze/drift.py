@@ -67,7 +67,7 @@ class DriftMonitor:
 
 
 def drift(plan: plan_mod.Plan, rows: list[tuple[str, float, float]]) -> dict[str, float]:
-    """Note [drift]: key -> median over the window of measured / planned duration, from rows (action, measured
+    """Per Note [drift], key -> median over the window of measured / planned duration, from rows (action, measured
     ms, share it froze), where the key names a (stage, kind) and which end of its linear model the samples
     measured: "1F" (F and I: fixed), "0B" (B or W that froze nothing: its unfrozen time), "0B-frozen" (that
     froze everything: its frozen time). Samples at partial shares are left out: how a partial share saves time

@@ -3,7 +3,7 @@
 A stage's tensors and their costs are tfrun.freeze.candidates (Note [freeze share]); the windows of frozen
 sets are drawn by tfrun.freeze.allocate.
 
-Note [freeze policy] (`--freeze-policy`; measured in docs/benchmarks.md, "Freeze policies"):
+Note [freeze policy]: the choices of `--freeze-policy` (measured in docs/benchmarks.md, "Freeze policies"):
   auto      (default) stage 0 freezes prefixes (linear time) in every window in which the plan leaves some
             micro-batch unfrozen (it then trains the whole stage), and rotating random subsets otherwise
             (tfrun.freeze.allocate Note [stage 0]); every other stage freezes rotating random subsets (Note
@@ -277,7 +277,7 @@ class Freezer:
         return next(i for i, c in enumerate(self.stage_candidates[stage]) if c.name == name)
 
     def _forced_names(self, step: int, stage: int) -> dict[int, frozenset[str]]:
-        """Note [stale guard]: micro-batch -> names to unfreeze in it at `step`."""
+        """Micro-batch -> names to unfreeze in it at `step` (Note [stale guard])."""
         if self._forced[0] != step:
             self._forced = (step, {})
         by_stage = self._forced[1]

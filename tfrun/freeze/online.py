@@ -57,7 +57,7 @@ from tfrun.records import summarize
 SOLVE_LIMIT_S = DEFAULT_TIME_LIMIT_S
 """The in-run solve's time limit (tfplan solve's default); Note [solve timeout]."""
 NOISE_REPLAN = 0.25
-"""Note [online goodput]: re-plan when a stage's noise scale moved by more than this share since the plan."""
+"""Re-plan when a stage's noise scale moved by more than this share since the plan (Note [online goodput])."""
 
 
 def phase_bounds(config: TrainConfig) -> list[tuple[str, int, int | None]]:

@@ -18,7 +18,7 @@ import time
 
 
 class WallClock:
-    """Note [wall time]: closes one row's wall time at a time, evaluation excluded."""
+    """Closes one row's wall time at a time, evaluation excluded (Note [wall time])."""
 
     def __init__(self) -> None:
         self._mark = time.perf_counter()

@@ -2,6 +2,12 @@
 checkpoint (`hf:DIR`, tfrun.models.hf). `model_config` and `build` are the one place a model name becomes a
 shape and a stage module; tfrun.distributed.rank builds every rank's stages through `build`.
 
+Read in this order:
+  rope.py    rotary position tables, with LLaMA 3's and linear scaling (Note [rope precision])
+  llama.py   the decoder, split into stages: a stage module reads top to bottom
+  hf.py      a Hugging Face LLaMA checkpoint's config and weights, each rank loading its own stage only
+(Weights out, as a Hugging Face checkpoint: tfrun.records.export.)
+
     from tfrun import models
     models.model_config("tiny").n_layers                 # 4
     stage = models.build("hf:ckpt/", 1, 2, seed=0)       # stage 1 of 2, weights from ckpt/'s safetensors

@@ -17,6 +17,7 @@ The files, in reading order (each imports only those above it):
               of actions (Runs) and the ties of a margin (Ties);
   tied.py     the two small LPs of a phase: the tied primal (an upper bound U) and the tied dual (a lower
               bound), as sparse COO matrices (SparseLP, Compressed, Phase);
+  dual.py     the tied dual's columns (dual_layout), the LP itself (tied_dual) and phase 3's from phase 2's basis;
   exact.py    sums of products in double-double arithmetic (Note [bound rounding]: the bound's terms are
               nine orders of magnitude above its value at a million actions);
   bound.py    the safe lower bound L from any dual vector of the full LP (weak duality), and the start-time
@@ -28,8 +29,10 @@ The files, in reading order (each imports only those above it):
               duals]: the tied duals' rows then hold to rounding, not to GLOP's tolerance);
   lower.py    a phase's lower bound L from its tied dual: the safe bound, refined and tightened where it falls
               short of GLOP's own value (dual_bound, tighter_bound);
-  phases.py   the solve itself: the three phases, each certified by U - L, the time limit, and the plan
-              (solve; Note [LP tolerance]);
+  rounds.py   one phase certified: rounds of tied primal and tied dual in two threads, margins growing until
+              U - L meets the tolerance (certified; Notes [warm margins], [unneeded duals]);
+  phases.py   the solve itself: the three phases chained, the time limit, and the plan (solve; Note [LP
+              tolerance]);
   goodput.py  the goodput objective on the same compressed LP (solve_goodput; Notes [goodput LP],
               [goodput certificate]): the stage means that maximise predicted progress per second, which
               then become the caps of `solve`.

@@ -214,7 +214,7 @@ def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_toke
 
 
 def _dinkelbach(model: _Model, prog: _Progress, overhead: float, best: dict, deadline: Deadline) -> None:
-    """Note [goodput LP]: Dinkelbach steps, each solved by Kelley's cuts; `best` holds lam, the best plan's
+    """Dinkelbach steps, each solved by Kelley's cuts (Note [goodput LP]); `best` holds lam, the best plan's
     means and goodput, the last subproblem bound U, t_min and the counts, updated as it goes (so that a time
     limit leaves the best found)."""
     lam = best["goodput"]  # a feasible plan's goodput: no freezing, or the last compression's optimum
@@ -349,7 +349,7 @@ class _Model:
         for phi, weight in zip(self.phi, weights):
             obj.SetCoefficient(phi, -weight)
         obj.SetMinimization()
-        # Note [warm goodput LP]: a new lam keeps the basis primal feasible, a new cut dual feasible.
+        # A new lam keeps the basis primal feasible, a new cut dual feasible (Note [warm goodput LP]).
         new_lam = self._lam is not None and lam != self._lam
         self._lam = lam
         self.solver.SetSolverSpecificParametersAsString(PRIMAL_PARAMS if new_lam else WARM_PARAMS)

@@ -148,7 +148,7 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
         deadline = Deadline(limit_s=time_limit_s - reserve, start=start)
     margins = Margins(dag, g, Runs.detect(g), first_margin, margin, unfrozen.start_ms)
     build_s = time.perf_counter() - start
-    # Note [three-phase LP] (tfplan.solve.lp): each phase bounds the next by the certified optimum.
+    # Each phase bounds the next by the certified optimum (Note [three-phase LP] in tfplan.solve.lp).
     phase = Phase(number=1, caps=cap_arr, t_max=unfrozen.makespan_ms)
     known: tuple[PhaseResult, ...] = ()
     if makespan is not None:

@@ -114,8 +114,8 @@ def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcom
     best: tuple[LPResult, Compressed, SparseLP] | None = None
     best_lower = -INF
     certified = False
-    # Note [two margins]: which side is solved this round, its last value, whether it moved at its last growth,
-    # and each round's dual margin with its bound (the smallest that meets the optimum is handed on).
+    # Which side is solved this round, its last value, whether it moved at its last growth, and each round's dual
+    # margin with its bound (the smallest that meets the optimum is handed on): Note [two margins].
     solve_p = solve_d = True
     prev_u = prev_l = None
     moved_u = moved_l = True
