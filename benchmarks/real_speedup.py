@@ -26,7 +26,9 @@ MODEL, RANKS, M, MB_SIZE, SEQ = "tiny", 2, 8, 4, 128
 
 
 def plain_torch_worker(out: str, steps: int) -> None:
-    """One rank of plain torch pipelining: Schedule1F1B + PipelineStage, same model, data and loop shape."""
+    """One rank of plain torch pipelining: Schedule1F1B + PipelineStage, same model, data and loop shape. Writes
+    {"step_ms": between the step's barriers, optimizer included, as tfrun's step_time_ms; "wall_ms": from one
+    step's end to the next's, as tfrun's wall_ms} per step (also benchmarks/executor_cost.py's bare loop)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -43,7 +45,7 @@ def plain_torch_worker(out: str, steps: int) -> None:
     optimizer = torch.optim.AdamW(module.parameters(), lr=3e-4)
     train, _ = split_tokens(encode(load_corpus(None)))
     batches = Batches(train, global_batch=M * MB_SIZE, seq_len=SEQ, seed=0)
-    times = []
+    times, walls, last = [], [], time.perf_counter()
     for step in range(steps):
         x, y = batches.batch_at(step)
         dist.barrier()
@@ -55,18 +57,27 @@ def plain_torch_worker(out: str, steps: int) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         dist.barrier()
-        times.append((time.perf_counter() - t0) * 1e3)
+        now = time.perf_counter()
+        times.append((now - t0) * 1e3)
+        walls.append((now - last) * 1e3)
+        last = now
     if rank == 0:
-        Path(out).write_text(json.dumps(times))
+        Path(out).write_text(json.dumps({"step_ms": times, "wall_ms": walls}))
     dist.destroy_process_group()
 
 
-def run_plain(root: Path, steps: int, warmup: int) -> float:
+def plain_medians(root: Path, steps: int, warmup: int) -> dict[str, float]:
+    """One run of the bare loop: its median step_ms and wall_ms over the steps after `warmup`."""
     out = root / f"plain-{time.monotonic_ns()}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
            __file__, "--plain-worker", str(out), str(steps)]
     subprocess.run(cmd, check=True, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    return statistics.median(json.loads(out.read_text())[warmup:])
+    times = json.loads(out.read_text())
+    return {key: statistics.median(values[warmup:]) for key, values in times.items()}
+
+
+def run_plain(root: Path, steps: int, warmup: int) -> float:
+    return plain_medians(root, steps, warmup)["step_ms"]
 
 
 def run_tfrun(root: Path, plan: Path, freeze: str, steps: int, tag: str) -> dict:

@@ -1,7 +1,9 @@
 """Run one pipeline step on several gloo ranks (spawned processes) and compare with a single process.
 
 Used by tests/tfrun/distributed/test_runtime.py. Each case is (schedule name, ranks, stages per rank, micro-batches,
-ratios, freeze method); every rank runs all cases in one process group to pay process start-up once.
+ratios, freeze method, flags...); every rank runs all cases in one process group to pay process start-up once.
+Flags: "rescale" (--grad-rescale), "clip" (--clip-grad-norm CLIP through tfrun's own path, against
+torch.nn.utils.clip_grad_norm_ on the whole model).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from tfrun.distributed.rank import build_rank
 from tfrun.freeze.candidates import candidates
 from tfrun.freeze.freezing import Freezer
 from tfrun.models import MODELS, build_stage, loss_fn
+from tfrun.optim.clipping import clip_, step_norm
 from tfrun.train import _rescale
 
 MODEL, SEED, MB_SIZE, SEQ = "tiny", 3, 2, 16
+CLIP = 0.5  # the tiny model's gradient norm is 4.4-6.9 at its initialisation in these cases: this clips
 
 
 def batch(num_microbatches: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,6 +72,11 @@ def worker(rank: int, world: int, port: int, cases: list[tuple], out_dir: str) -
             runtime.step(*((x,) if has_first else ()), **({"target": y, "losses": losses} if has_last else {}))
             if rescale:
                 _rescale(modules, state, m)
+            if "clip" in flags:  # the production path: tfrun.train._optimizer_step's norm and clipping
+                params = r.stage_params()
+                check = step_norm(params, sched.num_stages, losses_finite=True, counts=True,
+                                  device=torch.device("cpu"))
+                clip_([p_ for ps in params.values() for p_ in ps], check.norm, CLIP)
             grads = {n: p_.grad.clone() if p_.grad is not None else None
                      for mod in modules.values() for n, p_ in mod.named_parameters()}
             torch.save({"grads": grads, "losses": [float(v_.detach()) for v_ in losses], "shares": dict(state.shares)},
@@ -80,10 +89,12 @@ def worker(rank: int, world: int, port: int, cases: list[tuple], out_dir: str) -
         dist.destroy_process_group()
 
 
-def reference(name: str, p: int, v: int, m: int, pattern: str, rescale: bool = False) -> tuple[dict, list[float]]:
+def reference(name: str, p: int, v: int, m: int, pattern: str, rescale: bool = False,
+              clip: bool = False) -> tuple[dict, list[float]]:
     """Single process: per micro-batch loss/M, each parameter's gradient summed over the micro-batches in
     which its stage did not freeze it (the paper's semantics); with `rescale`, times M / (micro-batches that
-    contributed) (--grad-rescale). Returns (grads by name, per-mb losses)."""
+    contributed) (--grad-rescale); with `clip`, then torch.nn.utils.clip_grad_norm_ to CLIP over the whole
+    model. Returns (grads by name, per-mb losses)."""
     sched = schedules.generate(name, p, m, v)
     cfg = MODELS[MODEL]
     full = build_stage(cfg, 0, 1, SEED)
@@ -109,4 +120,9 @@ def reference(name: str, p: int, v: int, m: int, pattern: str, rescale: bool = F
                 count[n] += 1
     if rescale:
         total = {n: g * (m / count[n]) if count[n] else g for n, g in total.items()}
+    if clip:
+        for n, t in full.named_parameters():
+            t.grad = total[n].clone()
+        torch.nn.utils.clip_grad_norm_(full.parameters(), CLIP)
+        total = {n: t.grad for n, t in full.named_parameters()}
     return total, losses

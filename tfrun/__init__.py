@@ -4,6 +4,7 @@ The folders, from what a run reads to how it starts (each imports only from thos
 layers contract in pyproject.toml checks it):
 
   models/, data/  what a run trains and reads: our LLaMA, Hugging Face checkpoints, text and token sources
+  optim/          the training recipe: AdamW's settings, learning-rate schedules, the global gradient norm
   config/         the run's settings (TrainConfig) and their JSON checks
   measure/        per-action timing, the run's wall clock, and the measured profile a run writes
   records/        what a run leaves: checkpoints, summaries, provenance, comparisons, exported weights

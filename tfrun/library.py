@@ -18,6 +18,9 @@ that freezes nothing leaves every gradient bit for bit as without the hooks (exa
 `measured_profile` turns the hooks' timings of unfrozen and fully frozen steps, and your loop's step times, into
 a tfplan profile (tfrun's one profile builder), so `tfplan solve` can plan a model that is not tfrun's. The
 online controller (tfrun.freeze.online) is not offered here.
+
+`clip_grad_norm(params, max_norm, group)` clips the gradient of a model split over the pipeline's ranks to a
+global L2 norm, as `tfrun train --clip-grad-norm` does (tfrun.optim.clipping Note [global clipping]).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from tfrun.errors import TfrunError
 from tfrun.freeze.candidates import candidates
 from tfrun.freeze.freezing import AUTO, Freezer
 from tfrun.measure.timing import ActionTimer, gather_records
+from tfrun.optim.clipping import clip_grad_norm  # noqa: F401 - part of the library API (docs/library.md)
 
 
 class FreezeHooks:

@@ -3,11 +3,21 @@
 The loop owns the data, optimizer, metrics and checkpoints; everything about pipelining (stages, schedule
 runtime, per-action freezing and timing) comes from tfrun.distributed.runtime. Run through `tfrun train`, which
 launches the ranks (or joins an external torchrun).
+
+Note [non-finite steps]: before its optimizer step, every step's loss and gradient norm are checked on every
+rank alike (the one all-reduce of Note [global clipping] in tfrun.optim.clipping). A step that is not finite
+never reaches the optimizer, so no weight or optimizer state ever holds a NaN, and a checkpoint refuses one
+anyway (tfrun.records.checkpoint). Under --on-nonfinite stop (the default) its row is logged (loss and
+grad_norm null, `nonfinite` saying what) and every rank raises NonFiniteStep: the run exits 1 with one line
+naming the step, the stage and what was not finite, the last good checkpoint stays, and --resume (with a
+saner setting) continues from it. Under skip the step's gradients are dropped (the row says `skipped`: true)
+and the run goes on; --max-skipped-steps in a row end it as stop does. The count is in the checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -19,6 +29,7 @@ from tfrun.data import Batches, eval_batches, rank_tokens, split_tokens
 from tfrun.distributed.rank import Rank, build_rank, replica_rows
 from tfrun.distributed.runtime import StepState, evaluate_forward
 from tfrun.distributed.signals import StepControl, StopRequest
+from tfrun.errors import TfrunError
 from tfrun.freeze import baselines
 from tfrun.freeze.noise import NoiseMeter, noise_scale
 from tfrun.freeze.online import OnlinePlanner
@@ -26,10 +37,17 @@ from tfrun.measure import profile as measure
 from tfrun.measure.timing import gather_records
 from tfrun.measure.wallclock import WallClock
 from tfrun.models import stage_numel
+from tfrun.optim.clipping import StepNorm, clip_, step_norm
+from tfrun.optim.optimizer import set_lr
 from tfrun.records import checkpoint, summarize
 from tfrun.records.provenance import run_identity
+from tfrun.records.tensorboard import TensorBoardLog
 
 log = logging.getLogger(__name__)
+
+
+class NonFiniteStep(TfrunError):
+    """A step whose loss or gradient norm was not finite ended the run (Note [non-finite steps])."""
 
 
 def _device() -> torch.device:
@@ -62,16 +80,17 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         else None
     metrics: list[dict] = []
     start = 0
+    loop = {"skipped_in_a_row": 0}  # Note [non-finite steps]; in the checkpoint
     if config.resume:
         start, metrics = checkpoint.load(out, r.pp_rank, modules, optimizer, batches, freezer, online, noise=noise,
-                                         step=config.resume_step)
+                                         step=config.resume_step, loop=loop)
     elif config.init_from is not None:
         checkpoint.load_weights(Path(config.init_from), r.pp_rank, modules, config.num_ranks)
     if online is not None and rank == 0:
         print(online.describe(), flush=True)
 
     def evaluate() -> float:
-        state.freezing, timer.enabled = False, False
+        state.freezing, timer.enabled, state.evaluating = False, False, True
         total = 0.0
         with torch.no_grad():
             for x, y in evals:
@@ -79,14 +98,17 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
                 evaluate_forward(runtime, *((x.to(device),) if has_first else ()),
                                  **({"target": y.to(device), "losses": losses} if has_last else {}))
                 total += float(sum(v.item() for v in losses)) / config.num_microbatches if has_last else 0.0
-        state.freezing = config.freeze != "none"
-        return _from_last_stage(total / len(evals), has_last, device, r.dp)
+        state.freezing, state.evaluating = config.freeze != "none", False
+        value = _from_last_stage(total / len(evals), has_last, device, r.dp)
+        return value if math.isfinite(value) else None  # (JSON has no NaN; the next step's check stops the run)
 
     progress = _Progress(rank == 0 and not config.quiet, config.steps, start)
     control = StepControl(config, stop, device)
     log_file = measure.MetricsLog(out, metrics) if rank == 0 else None
+    board = TensorBoardLog(out) if rank == 0 and config.tensorboard else None
     clock = WallClock()  # Note [wall time]
     step_tokens = config.global_batch * config.seq_len
+    schedule = config.lr_at()
     for step in range(start, config.steps):
         if fault_hook is not None:
             fault_hook(step)
@@ -102,7 +124,9 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         t0 = time.perf_counter()
         runtime.step(*((x.to(device),) if has_first else ()),
                      **({"target": y.to(device), "losses": losses} if has_last else {}))
-        timer.span("optimizer", _optimizer_step, r, config, step, noise)
+        lr = schedule.lr(config.lr, step)
+        losses_finite = all(math.isfinite(v.item()) for v in losses) if has_last else None
+        check = timer.span("optimizer", _optimizer_step, r, config, step, noise, lr, losses_finite)
         dist.barrier()
         step_ms = (time.perf_counter() - t0) * 1e3
         timer.end_step()
@@ -111,8 +135,11 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         loss = _from_last_stage(sum(v.item() for v in losses) / config.num_microbatches if has_last else 0.0,
                                 has_last, device, r.dp)
         shares = _gather_shares(r, config.num_stages, config.num_microbatches)
-        row = {"step": step, "time": time.time(), "loss": loss, "step_time_ms": step_ms, "tokens": step_tokens,
-               "tokens_per_s": step_tokens / (step_ms / 1e3), "freeze_ratio": shares, "timed": timer.enabled}
+        row = {"step": step, "time": time.time(), "loss": loss if math.isfinite(loss) else None,
+               "step_time_ms": step_ms, "tokens": step_tokens, "tokens_per_s": step_tokens / (step_ms / 1e3),
+               "freeze_ratio": shares, "timed": timer.enabled, "lr": lr,
+               "grad_norm": check.norm if math.isfinite(check.norm) else None}
+        failure = _nonfinite(check, step, config, loop, row)
         if noise.measured_this_step:
             row |= _gather_noise(noise, config.num_stages)
         last = step == config.steps - 1
@@ -127,13 +154,23 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         metrics += new_rows
         if log_file is not None:
             log_file.append(new_rows)
+        if board is not None:
+            board.append(new_rows)
         progress.update(row)
+        if failure is not None:
+            progress.close()
+            if board is not None:
+                board.close()
+            raise NonFiniteStep(failure)
         if control.after_step(step, last):
             checkpoint.save(out, r.pp_rank, step + 1, modules, optimizer, batches, freezer, metrics, online,
-                            noise=noise, run=run_identity(config), keep=config.keep_checkpoints, dp=config.dp)
+                            noise=noise, run=run_identity(config), keep=config.keep_checkpoints, dp=config.dp,
+                            loop=loop)
         if control.stopping:
             break
     progress.close()
+    if board is not None:
+        board.close()
     if control.stopping:
         control.report(step + 1)
         return None
@@ -197,19 +234,52 @@ def _gather_shares(r: Rank, num_stages: int, m: int) -> list[float]:
     return per_stage
 
 
-def _optimizer_step(r: Rank, config: TrainConfig, step: int, noise: NoiseMeter) -> None:
+def _optimizer_step(r: Rank, config: TrainConfig, step: int, noise: NoiseMeter, lr: float,
+                    losses_finite: bool | None) -> StepNorm:
     """The step's tail on this rank (timed as "optimizer"): the gradients averaged over the replicas
     (tfrun.distributed.rank Note [data-parallel reduction]), the noise scale's step gradient (tfrun.freeze.noise),
-    --grad-rescale, a baseline's look at the gradients, the optimizer step, the baseline's look at the update, and
-    zero_grad."""
+    --grad-rescale, the global gradient norm and the step's finiteness (tfrun.optim.clipping Note [global
+    clipping]), and for a finite step --clip-grad-norm, a baseline's look at the gradients, the optimizer step at
+    `lr`, the baseline's look at the update; then zero_grad. Returns what the norm's all-reduce told every rank."""
     r.reduce_gradients()
     noise.after_reduce(r.modules)
     if config.grad_rescale:
         _rescale(r.modules, r.state, config.num_microbatches)
-    r.freezer.before_optimizer(step, r.modules, r.state.frozen_counts, config.grad_rescale)
-    r.optimizer.step()
-    r.freezer.after_optimizer(step, r.modules)
+    params = r.stage_params()
+    check = step_norm(params, config.num_stages, losses_finite=losses_finite, counts=r.dp_rank == 0,
+                      device=next(iter(params.values()))[0].device if params else torch.device("cpu"))
+    if check.finite:  # Note [non-finite steps]: nothing non-finite reaches the optimizer
+        if config.clip_grad_norm > 0:
+            clip_([p for ps in params.values() for p in ps], check.norm, config.clip_grad_norm)
+        r.freezer.before_optimizer(step, r.modules, r.state.frozen_counts, config.grad_rescale)
+        set_lr(r.optimizer, lr)
+        r.optimizer.step()
+        r.freezer.after_optimizer(step, r.modules)
     r.optimizer.zero_grad(set_to_none=True)
+    return check
+
+
+def _nonfinite(check: StepNorm, step: int, config: TrainConfig, loop: dict, row: dict) -> str | None:
+    """Mark a non-finite step's row (Note [non-finite steps]); returns the line that ends the run, or None."""
+    if check.finite:
+        loop["skipped_in_a_row"] = 0
+        return None
+    what = [f"the loss (stage {s})" for s in check.bad_loss_stages]
+    bad = check.bad_grad_stages
+    if bad:
+        what.append(f"the gradient of stage {bad[0]}" if len(bad) == 1
+                    else f"the gradients of stages {', '.join(map(str, bad))}")
+    if not what:  # every stage's sum was finite but their sum overflowed
+        what = [f"the gradient norm ({check.norm})"]
+    row["nonfinite"] = " and ".join(what)
+    line = f"step {step}: {row['nonfinite']} {'is' if len(what) == 1 and len(bad) < 2 else 'are'} not finite"
+    if config.on_nonfinite == "stop":
+        return line + " (--on-nonfinite stop; lower --lr or set --clip-grad-norm, or --on-nonfinite skip)"
+    row["skipped"] = True
+    loop["skipped_in_a_row"] += 1
+    if loop["skipped_in_a_row"] >= config.max_skipped_steps:
+        return line + f": {loop['skipped_in_a_row']} skipped steps in a row (--max-skipped-steps)"
+    return None
 
 
 def _rescale(modules: dict, state: StepState, m: int) -> None:
@@ -236,8 +306,9 @@ class _Progress:
 
     def update(self, row: dict) -> None:
         if self.bar is not None:
-            info = f"loss {row['loss']:.4f}  {row['tokens_per_s']:.0f} tok/s"
-            if "eval_loss" in row:
+            loss = "skipped" if row.get("skipped") else "-" if row["loss"] is None else f"{row['loss']:.4f}"
+            info = f"loss {loss}  {row['tokens_per_s']:.0f} tok/s"
+            if row.get("eval_loss") is not None:
                 info += f"  eval {row['eval_loss']:.4f}"
             self.bar.update(self.task, advance=1, info=info)
 

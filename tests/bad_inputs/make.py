@@ -123,6 +123,11 @@ def configs(valid: dict) -> None:
     variant("seed-bool", lambda o: o.update(seed=True))
     variant("steps-zero", lambda o: o.update(steps=0))
     variant("order-not-list", lambda o: o.update(order="0F0 0B0"))
+    # tfrun train --config files (TOML, tfrun.cli.config_file)
+    _write("configs/not-toml.toml", "lr = \n")
+    _write("configs/unknown-key.toml", 'lr-shedule = "cosine"\n')
+    _write("configs/wrong-type.toml", 'lr = "fast"\n')
+    _write("configs/steps-float.toml", "steps = 1.5\n")
     variant("lr-nan", lambda o: o.update(lr=float("nan")))
 
 

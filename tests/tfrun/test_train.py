@@ -20,6 +20,9 @@ import pytest
 from tests.conftest import torch_or_skip
 
 FAST = ["--microbatch-size", "2", "--seq-len", "32", "--quiet"]
+# The reliability runs use the recipe's schedule, clipping and weight decay (issue 37): a resume continues the same
+# loss, lr and grad_norm sequence bit for bit.
+RECIPE = ["--lr-schedule", "cosine", "--lr-warmup-steps", "2", "--clip-grad-norm", "1.0", "--weight-decay", "0.01"]
 
 
 def _plan(tmp_path: Path, schedule: str = "1f1b", ranks: int = 2, m: int = 4, cap: float = 0.9) -> Path:
@@ -63,7 +66,7 @@ def full_run(plan_path, tmp_path_factory) -> tuple[Path, subprocess.CompletedPro
     """The uninterrupted run every reliability test compares with: 8 steps, checkpoints every 2 (6 and 8 kept)."""
     out = tmp_path_factory.mktemp("full") / "run"
     proc = _tfrun("train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "2", "--out", str(out),
-                  "--eval-every", "4", *FAST)
+                  "--eval-every", "4", *FAST, *RECIPE)
     assert proc.returncode == 0, proc.stderr
     return out, proc
 
@@ -79,6 +82,12 @@ def _resume(args: list[str], out: Path, work: Path) -> subprocess.CompletedProce
 
 def _losses(out: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _sequence(out: Path) -> list[tuple]:
+    """(loss, lr, grad_norm) of every step."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["loss"], r["lr"], r["grad_norm"]) for r in rows]
 
 
 def _noise(out: Path) -> list:
@@ -186,7 +195,7 @@ def test_every_tensor_learns_between_checkpoints_at_ratio_0_9(shared_runs):
 def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_continues_bit_for_bit(plan_path, full_run,
                                                                                         tmp_path):
     out = tmp_path / "part"
-    args = ["train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "100", *FAST]
+    args = ["train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "100", *FAST, *RECIPE]
     proc = subprocess.Popen([sys.executable, "-m", "tfrun", *args, "--out", str(out)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
@@ -202,16 +211,17 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_continues_bit
     assert (out / "checkpoints" / f"step{step:07d}" / "index.json").exists()
     assert f"stopped after step {step} of 8, checkpoint written; resume with: tfrun train" in stdout
     assert f"--resume {out}" in stdout and "Traceback" not in stderr
-    assert _losses(out) == _losses(full_run[0])[:step]
-    resumed = _resume(args, out, tmp_path / "resume")
+    assert _sequence(out) == _sequence(full_run[0])[:step]
+    resumed = _resume(["train"], out, tmp_path / "resume")  # its settings from OUT/config.toml
     assert resumed.returncode == 0, resumed.stderr
-    assert _losses(out) == _losses(full_run[0])  # bitwise: same batches, frozen sets and optimizer state
+    # bitwise: same batches, frozen sets, optimizer state, learning rates and gradient norms
+    assert _sequence(out) == _sequence(full_run[0])
 
 
 @pytest.mark.slow
 def test_a_rank_sigkilled_mid_step_ends_the_job_fast_and_the_resume_is_exact(plan_path, full_run, tmp_path):
     out = tmp_path / "killed"
-    args = ["train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "2", *FAST]
+    args = ["train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "2", *FAST, *RECIPE]
     proc = _tfrun(*args, "--out", str(out), env={"TFRUN_FAULT": "1:5:kill"})  # SIGKILL 50 ms into step 5
     ended = time.time()
     assert proc.returncode == 1
@@ -222,7 +232,7 @@ def test_a_rank_sigkilled_mid_step_ends_the_job_fast_and_the_resume_is_exact(pla
     assert "last complete checkpoint: step 4 of 8" in lines[0] and f"--resume {out}" in lines[0]
     resumed = _resume(args, out, tmp_path / "resume")
     assert resumed.returncode == 0, resumed.stderr
-    assert _losses(out) == _losses(full_run[0])
+    assert _sequence(out) == _sequence(full_run[0])
     assert [s for s, _, _ in _noise(out)] == [0, 5] and _noise(out) == _noise(full_run[0])  # resumed from step 4
 
 

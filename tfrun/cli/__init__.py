@@ -2,6 +2,7 @@
 
 Read in this order:
   setup.py       the user's options and plan file turned into a validated TrainConfig, before any rank starts
+  config_file.py `--config run.toml` and the resolved OUT/config.toml a run writes (Note [config precedence])
   train_cmd.py   `tfrun train`'s options
   profiling.py   `tfrun profile`: the measuring runs behind `tfplan profile`
   app.py         the app: `train`, `compare`, `profile`, `export`, main()

@@ -126,6 +126,7 @@ def _checked(config: TrainConfig, token_cache_dir: str | None = None) -> TrainCo
             raise TfrunError(f"--resume {out}: {change}; a resumed run must keep it (start a new --out to change it)")
         if step > config.steps:
             raise TfrunError(f"--resume {out}: the checkpoint has {step} steps, more than --steps {config.steps}")
+        warnings += provenance.recipe_changes(identity, config)
         config = dataclasses.replace(config, resume_step=step)
     warnings += provenance.check_out(out, config)
     for line in warnings:

@@ -5,6 +5,7 @@ Registered on the app by tfrun.cli.app.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
@@ -12,11 +13,20 @@ import typer
 from rich.console import Console
 
 from tfplan.cli.options import user_errors
+from tfplan.fileio import write_text_atomic
+from tfrun.cli import config_file
 from tfrun.config.train_config import APF_STABLE_SHARE, NOISE_EVERY
 from tfrun.errors import TfrunError
+from tfrun.records.tensorboard import check_tensorboard
 
 
 def train_cmd(
+    ctx: typer.Context,
+    config_path: Annotated[
+        str | None, typer.Option("--config", is_eager=True, callback=config_file.on_config,
+                                 help="A TOML file of these options by long name (lr-schedule = \"cosine\"); "
+                                      "flags on the command line override it.")
+    ] = None,
     plan: Annotated[
         str | None, typer.Option("--plan", help="Plan JSON from `tfplan solve` (with --freeze timely: optional, "
                                                 "seeds the first plan).")
@@ -74,7 +84,41 @@ def train_cmd(
         int, typer.Option("--dp", help="Data-parallel replicas of the pipeline (world = dp x the plan's ranks).")
     ] = 1,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 128,
-    lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 3e-4,
+    lr: Annotated[float, typer.Option("--lr", help="AdamW's peak learning rate.")] = 3e-4,
+    lr_schedule: Annotated[
+        str, typer.Option("--lr-schedule", help="constant, cosine, linear or wsd (warmup, stable, decay): "
+                                                "transformers' schedules, step by step.")
+    ] = "constant",
+    lr_warmup_steps: Annotated[
+        int, typer.Option("--lr-warmup-steps", help="Linear warmup from 0 over N steps.")
+    ] = 0,
+    lr_min_ratio: Annotated[
+        float, typer.Option("--lr-min-ratio", help="Floor of the decay, a fraction of --lr (cosine, linear, wsd).")
+    ] = 0.0,
+    lr_decay_fraction: Annotated[
+        float, typer.Option("--lr-decay-fraction", help="wsd: the last share of the steps, over which it decays.")
+    ] = 0.1,
+    weight_decay: Annotated[
+        float, typer.Option("--weight-decay", help="AdamW weight decay, on matrices and embeddings only (not on "
+                                                   "norms or biases).")
+    ] = 0.0,
+    adam_betas: Annotated[str, typer.Option("--adam-betas", help="AdamW's B1,B2.")] = "0.9,0.999",
+    adam_eps: Annotated[float, typer.Option("--adam-eps", help="AdamW's epsilon.")] = 1e-8,
+    clip_grad_norm: Annotated[
+        float, typer.Option("--clip-grad-norm", help="Clip the gradient's L2 norm over every stage and replica to "
+                                                     "this (0: off).")
+    ] = 0.0,
+    on_nonfinite: Annotated[
+        str, typer.Option("--on-nonfinite", help="A step whose loss or gradient norm is not finite: stop (exit 1, "
+                                                 "the last good checkpoint kept) or skip its optimizer step.")
+    ] = "stop",
+    max_skipped_steps: Annotated[
+        int, typer.Option("--max-skipped-steps", help="skip: this many skipped steps in a row end the run.")
+    ] = 10,
+    tensorboard: Annotated[
+        bool, typer.Option("--tensorboard", help="Also write TensorBoard event files to OUT/tensorboard/ (needs "
+                                                 "the tensorboard package).")
+    ] = False,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Validation loss every K steps (0: end).")] = 0,
     checkpoint_every: Annotated[
         int, typer.Option("--checkpoint-every", help="Checkpoint every K steps (0: only by time and at the end).")
@@ -87,8 +131,9 @@ def train_cmd(
         int, typer.Option("--keep-checkpoints", help="Keep the newest K complete checkpoints (0: all; else >= 2).")
     ] = 2,
     resume: Annotated[
-        str | None, typer.Option("--resume", help="Continue the run in this folder from its newest complete "
-                                                  "checkpoint (same plan and settings; --steps may grow).")
+        str | None, typer.Option("--resume", is_eager=True, callback=config_file.on_resume,
+                                 help="Continue the run in this folder from its newest complete checkpoint, with "
+                                      "its settings (OUT/config.toml; flags override; --steps may grow).")
     ] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Run a plan whose profile was measured for another model, batch shape "
@@ -186,6 +231,7 @@ def train_cmd(
     from tfrun.distributed import launch
 
     with user_errors(TfrunError):
+        config_file.raise_errors(ctx)
         config = setup.train_config(
             plan_path=plan, model=model, steps=steps, seed=seed, out_dir=setup.out_dir(out, resume), freeze=freeze,
             freeze_method=freeze_method, redraw_every=redraw_every,
@@ -203,7 +249,16 @@ def train_cmd(
             checkpoint_minutes=checkpoint_minutes, keep_checkpoints=keep_checkpoints, force=force,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet, noise_every=noise_every,
             tokenizer_path=tokenizer, token_dtype=token_dtype, token_cache_dir=token_cache, precision=precision,
+            lr_schedule=lr_schedule, lr_warmup_steps=lr_warmup_steps, lr_min_ratio=lr_min_ratio,
+            lr_decay_fraction=lr_decay_fraction, weight_decay=weight_decay, adam_betas=_betas(adam_betas),
+            adam_eps=adam_eps, clip_grad_norm=clip_grad_norm, on_nonfinite=on_nonfinite,
+            max_skipped_steps=max_skipped_steps, tensorboard=tensorboard,
         )
+        if tensorboard:
+            check_tensorboard()
+        if os.environ.get("RANK", "0") == "0":  # every check passed: the run's folder starts with its settings
+            setup.out_path(config).mkdir(parents=True, exist_ok=True)
+            write_text_atomic(setup.out_path(config) / config_file.RESOLVED, config_file.resolved_text(ctx))
         if launch.under_torchrun():
             from tfrun.cli.worker import run_worker
 
@@ -218,6 +273,16 @@ def train_cmd(
 
         summary = summary_format.load(setup.out_path(config) / "summary.json")
         setup.print_summary(summary, Console(highlight=False))
+
+
+def _betas(text: str) -> list[float]:
+    try:
+        betas = [float(x) for x in text.split(",")]
+    except ValueError:
+        betas = []
+    if len(betas) != 2:
+        raise TfrunError(f"--adam-betas must be two numbers B1,B2 in [0, 1), got {text!r}")
+    return betas
 
 
 def _caps(text: str) -> list[float]:

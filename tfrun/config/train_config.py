@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tfrun.errors import TfrunError
+from tfrun.optim.lr_schedule import LrSchedule
 
 FREEZE_POLICIES = ("auto", "skip", "random", "prefix", "weighted", "goodput")
 """`--freeze-policy`'s choices (tfrun.freeze.freezing Note [freeze policy])."""
@@ -85,9 +86,31 @@ class TrainConfig:
     seq_len: int = 128
     """Tokens per sequence."""
     lr: float = 3e-4
-    """AdamW learning rate."""
+    """AdamW's peak learning rate (the schedule's factor 1)."""
+    lr_schedule: str = "constant"
+    """constant, cosine, linear or wsd (tfrun.optim.lr_schedule; transformers' schedules step by step)."""
+    lr_warmup_steps: int = 0
+    """Steps of linear warmup from 0 (step 0 of a warmup has learning rate 0)."""
+    lr_min_ratio: float = 0.0
+    """cosine, linear, wsd: the decay's floor, a fraction of lr."""
+    lr_decay_fraction: float = 0.1
+    """wsd: the share of the run's last steps over which the learning rate decays."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """AdamW's decoupled weight decay, on tensors of two or more dimensions only (tfrun.optim.optimizer)."""
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW's (beta1, beta2)."""
+    adam_eps: float = 1e-8
+    """AdamW's epsilon."""
+    clip_grad_norm: float = 0.0
+    """Clip the gradient's L2 norm over every stage and replica to this (0 = off; tfrun.optim.clipping Note
+    [global clipping])."""
+    on_nonfinite: str = "stop"
+    """A step whose loss or gradient norm is not finite: stop (end the run, exit 1, the last good checkpoint
+    kept) or skip (no optimizer step; tfrun.train Note [non-finite steps])."""
+    max_skipped_steps: int = 10
+    """on_nonfinite skip: this many skipped steps in a row end the run as stop does."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files under out_dir/tensorboard/ (the tensorboard package)."""
     ramp_steps: int = 0
     """Ratios ramp linearly from 0 to the plan over this many steps (0 = plan from the first step)."""
     redraw_every: int = 10
@@ -258,6 +281,7 @@ class TrainConfig:
                 raise TfrunError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0:
             raise TfrunError(f"--lr must be > 0, got {self.lr}")
+        self._check_recipe()
         if not 0 < self.apf_threshold < 1 or not 0 <= self.apf_ema < 1 or not 0 < self.autofreeze_percentile < 100:
             raise TfrunError("--apf-threshold must be in (0, 1), --apf-ema in [0, 1), --autofreeze-percentile in "
                              "(0, 100)")
@@ -283,3 +307,26 @@ class TrainConfig:
             if len(self.max_freeze_ratio) not in (1, self.num_stages) or not all(
                     0 <= c <= 1 for c in self.max_freeze_ratio):
                 raise TfrunError(f"--max-freeze-ratio: one cap or one per stage ({self.num_stages}), each in [0, 1]")
+
+    def lr_at(self) -> LrSchedule:
+        """The run's learning-rate schedule (tfrun.optim.lr_schedule)."""
+        return LrSchedule(name=self.lr_schedule, total_steps=self.steps, warmup_steps=self.lr_warmup_steps,
+                          min_ratio=self.lr_min_ratio, decay_fraction=self.lr_decay_fraction)
+
+    def _check_recipe(self) -> None:
+        """The optimizer's settings, the schedule and the non-finite guard (one line naming the option)."""
+        problem = self.lr_at().problem()
+        if problem is not None:
+            raise TfrunError(problem)
+        for name in ("clip_grad_norm", "weight_decay"):
+            value = getattr(self, name)
+            if not 0 <= value < float("inf"):  # (NaN fails too)
+                raise TfrunError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
+        if not 0 < self.adam_eps < float("inf"):
+            raise TfrunError(f"--adam-eps must be a finite number > 0, got {self.adam_eps}")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise TfrunError(f"--adam-betas must be two numbers B1,B2 in [0, 1), got {list(self.adam_betas)}")
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise TfrunError(f"--on-nonfinite must be stop or skip, got {self.on_nonfinite!r}")
+        if self.max_skipped_steps < 1:
+            raise TfrunError(f"--max-skipped-steps must be >= 1, got {self.max_skipped_steps}")

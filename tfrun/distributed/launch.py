@@ -157,9 +157,13 @@ def failure_message(out: Path, log: str) -> str:
             how = f"was killed by signal {-int(code)}" if int(code) < 0 else f"died with exit code {code}"
             died.append((int(rank), f"rank {rank} {how}"))
     parts = [text for _, text in sorted(died)]
+    by_error: dict[str, list[int]] = {}  # ranks that failed alike (a step every rank refused) are named once
     for rank, error in sorted(errors.items()):
+        by_error.setdefault(error, []).append(rank)
+    for error, ranks in by_error.items():
         short = error if len(error) <= 200 else error[:197] + "..."
-        parts.append(f"rank {rank} {'then ' if died else ''}failed: {short}")
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        parts.append(f"{who} {'then ' if died else ''}failed: {short}")
     if not parts:
         parts.append("the job failed")
     return "; ".join(parts) + f" (log: {out / 'launcher.log'})"

@@ -19,6 +19,7 @@ every replica leaves out the same parameters, and the reduction covers exactly t
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,7 @@ from tfrun.freeze.freezing import Freezer
 from tfrun.freeze.noise import NoiseMeter
 from tfrun.measure.timing import ActionTimer
 from tfrun.models import build, loss_fn
+from tfrun.optim.optimizer import adamw
 
 
 @dataclass(slots=True)
@@ -82,6 +84,10 @@ class Rank:
         for pp, digest in parts:
             by_rank.setdefault(pp, set()).add(digest)
         return all(len(d) == 1 for d in by_rank.values())
+
+    def stage_params(self) -> dict[int, list[torch.nn.Parameter]]:
+        """This rank's stages -> their trainable parameters (what the optimizer steps)."""
+        return {s: [p for p in m.parameters() if p.requires_grad] for s, m in self.modules.items()}
 
     def reduce_gradients(self) -> None:
         """The step's gradients averaged over the replicas, once (Note [data-parallel reduction])."""
@@ -149,9 +155,10 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
                    autocast=getattr(torch, dtype) if dtype != "float32" else None)
         for s in local
     ]
-    runtime = build_schedule(config.order, stages, config.num_microbatches, loss_fn, pp_rank, timer)
+    runtime = build_schedule(config.order, stages, config.num_microbatches, _loss(state, stages), pp_rank, timer)
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.adam_betas),
+                      eps=config.adam_eps)
     return Rank(pp_rank=pp_rank, dp_rank=dp_rank, dp=config.dp, pp_group=pp_group, dp_group=dp_group,
                 modules=modules, freezer=freezer, timer=timer, state=state, runtime=runtime, optimizer=optimizer,
                 noise=noise)
@@ -183,3 +190,22 @@ def replica_rows(x: torch.Tensor, num_microbatches: int, dp: int, dp_rank: int) 
     assert per_mb * num_microbatches == x.shape[0] and per_mb % dp == 0, "batch not divisible"
     part = per_mb // dp
     return x.view(num_microbatches, dp, part, *x.shape[1:])[:, dp_rank].reshape(-1, *x.shape[1:])
+
+
+def _loss(state: StepState, stages: list):
+    """The loss function the last stage's runtime calls after each micro-batch's forward. Test hook:
+    TFRUN_FAULT_INF_LOSS=STEP:MB makes micro-batch MB's loss at step STEP infinite (tfrun.train Note [non-finite
+    steps]; tests/tfrun/test_recipe.py), as TFRUN_FAULT kills a rank in tfrun.cli.worker. The micro-batch is the
+    one whose forward the last stage ran last (torch calls the loss right after it)."""
+    spec = os.environ.get("TFRUN_FAULT_INF_LOSS")
+    last = next((st for st in stages if st.is_last), None)
+    if not spec or last is None:
+        return loss_fn
+    step, mb = (int(x) for x in spec.split(":"))
+
+    def planted(output, target):
+        loss = loss_fn(output, target)
+        hit = state.step == step and not state.evaluating and getattr(last, "_fwd_mb", None) == mb
+        return loss * float("inf") if hit else loss
+
+    return planted

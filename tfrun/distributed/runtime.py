@@ -66,6 +66,8 @@ class StepState:
     step: int = 0
     freezing: bool = True
     """False during evaluation and in `--freeze none` runs."""
+    evaluating: bool = False
+    """True while the training loop evaluates (forwards only)."""
     shares: dict[tuple[int, int], float] = field(default_factory=dict)
     """(stage, mb) -> realised frozen share this step."""
     frozen_counts: dict[tuple[int, str], int] = field(default_factory=dict)

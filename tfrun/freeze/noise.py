@@ -109,6 +109,8 @@ class NoiseMeter:
             b_small, b_big = float(self.b_small), n_safe * self.b_small
             gsq = torch.where(usable, (b_big * g_step - b_small * small) / (b_big - b_small), torch.zeros_like(n))
             trace = torch.where(usable, (small - g_step) / (1 / b_small - 1 / b_big), torch.zeros_like(n))
+            # a step that is not finite (tfrun.train Note [non-finite steps]) leaves the averages as they were
+            usable &= torch.isfinite(gsq) & torch.isfinite(trace)
             a = NOISE_EMA
             zero = torch.zeros_like(n)
             old_gsq, old_trace = self.gsq.get(s, zero), self.trace.get(s, zero)

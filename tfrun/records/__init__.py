@@ -5,6 +5,7 @@ Read in this order:
                   commit])
   provenance.py   what a run may trust: a plan's profile against the run, a resume against its checkpoint
   summarize.py    summary.json, for every kind of run
+  tensorboard.py  `--tensorboard`: the metrics rows as TensorBoard scalars
   compare.py      `tfrun compare`: methods side by side at equal time
   export.py       `tfrun export`: a run's weights as a Hugging Face checkpoint
 """

@@ -104,10 +104,21 @@ def _write_durable(path: Path, write) -> tuple[int, str]:
 
 
 def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, freezer, metrics: list[dict],
-         online=None, *, noise=None, run: dict[str, Any] | None = None, keep: int = 0, dp: int = 1) -> None:
+         online=None, *, noise=None, run: dict[str, Any] | None = None, keep: int = 0, dp: int = 1,
+         loop: dict | None = None) -> None:
     """Save this pipeline rank's state for resuming at `step` (steps completed); every process calls it (Note
     [checkpoint commit]), replica 0 of each pipeline rank writes. `run` is the run's identity for the index;
-    `keep` the complete checkpoints to keep (0: all); `dp` the replicas."""
+    `keep` the complete checkpoints to keep (0: all); `dp` the replicas; `loop` the training loop's own state.
+
+    Raises:
+        TfrunError: a weight or optimizer state that is not finite (tfrun.train Note [non-finite steps]:
+            the loop never lets one through; this is the last line of defence), before anything is written.
+    """
+    bad = _nonfinite_tensor({"model": {s: m.state_dict() for s, m in modules.items()},
+                             "optimizer": optimizer.state_dict()["state"]})
+    if bad is not None:
+        raise TfrunError(f"checkpoint at step {step}: {bad} is not finite; not written (the last good checkpoint "
+                         "stays)")
     pipeline_ranks = dist.get_world_size() // dp
     if dist.get_rank() >= pipeline_ranks:  # another replica: replica 0 writes this pipeline rank's file
         dist.gather_object(None, None, dst=0)
@@ -126,6 +137,7 @@ def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, fre
         "metrics": metrics if rank == 0 else None,
         "online": online.state_dict() if online is not None else None,
         "noise": noise.state_dict() if noise is not None else None,
+        "loop": loop,
     }
     size, sha = _write_durable(path, lambda stream: torch.save(state, stream))
     parts = [None] * dist.get_world_size() if rank == 0 else None
@@ -167,9 +179,9 @@ def _step_folders(out: Path) -> list[tuple[int, Path]]:
 
 
 def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer, online=None, *, noise=None,
-         step: int | None = None) -> tuple[int, list[dict]]:
-    """Restore this rank's state from checkpoint `step` (chosen by tfrun.cli.setup; None: latest.json's);
-    returns (next step, metrics so far)."""
+         step: int | None = None, loop: dict | None = None) -> tuple[int, list[dict]]:
+    """Restore this rank's state from checkpoint `step` (chosen by tfrun.cli.setup; None: latest.json's), the
+    training loop's own state into `loop`; returns (next step, metrics so far)."""
     if step is None:
         latest = read_latest(Path(out))
         if latest is None:
@@ -188,8 +200,23 @@ def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer, onlin
         online.load_state_dict(state["online"])
     if noise is not None and state.get("noise") is not None:
         noise.load_state_dict(state["noise"])
+    if loop is not None and state.get("loop"):
+        loop.update(state["loop"])
     metrics = state["metrics"] or []
     return int(state["step"]), metrics
+
+
+def _nonfinite_tensor(tree: dict, path: str = "") -> str | None:
+    """The first tensor of a nested dict of state dicts that holds a NaN or an infinity, by its path."""
+    for key, value in tree.items():
+        where = f"{path}.{key}" if path else str(key)
+        if isinstance(value, dict):
+            found = _nonfinite_tensor(value, where)
+            if found is not None:
+                return found
+        elif isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return where
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------

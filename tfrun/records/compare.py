@@ -80,7 +80,7 @@ class Run:
         out, seconds = [], 0.0
         for row in self.steps:
             seconds += _seconds(row)
-            if "eval_loss" in row:
+            if row.get("eval_loss") is not None:
                 out.append((row["step"], seconds, row["eval_loss"]))
         return out
 

@@ -18,7 +18,10 @@ reports prediction_error null with the mismatch as prediction_note. The rule is 
 timely seed plan.
 
 Note [resume identity]: every checkpoint index records run_identity(config); a resume refuses any change
-of these (one line naming the option), because the run would no longer continue the same loss sequence.
+of IDENTITY's settings (one line naming the option), because the run would no longer continue the same loss
+sequence. The optimizer's recipe (RECIPE: learning rate and its schedule, weight decay, betas, eps, clipping)
+may change, with a warning naming each change: resuming a diverged run with a saner learning rate is what a
+user does (tfrun.train Note [non-finite steps]).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ IDENTITY: tuple[tuple[str, str], ...] = (
     ("plan_hash", "plan"), ("model", "--model"), ("model_hash", "--model's config.json"), ("seed", "--seed"),
     ("freeze", "--freeze"), ("freeze_method", "--freeze-method"), ("freeze_policy", "--freeze-policy"),
     ("microbatch_size", "--microbatch-size"), ("seq_len", "--seq-len"), ("num_microbatches", "micro-batches per step"),
-    ("lr", "--lr"), ("weight_decay", "weight decay"), ("redraw_every", "--redraw-every"),
+    ("redraw_every", "--redraw-every"),
     ("ramp_steps", "--ramp-steps"), ("grad_rescale", "--grad-rescale"), ("max_stale_steps", "--max-stale-steps"),
     ("data_hash", "--data"), ("dp", "--dp"), ("precision", "--precision"),
     # --freeze timely only:
@@ -48,6 +51,13 @@ IDENTITY: tuple[tuple[str, str], ...] = (
     ("replan_threshold", "--replan-threshold"), ("replan_window", "--replan-window"),
 )
 """(TrainConfig field, the option a user changes) that a resume must keep (Note [resume identity])."""
+RECIPE: tuple[tuple[str, str], ...] = (
+    ("lr", "--lr"), ("lr_schedule", "--lr-schedule"), ("lr_warmup_steps", "--lr-warmup-steps"),
+    ("lr_min_ratio", "--lr-min-ratio"), ("lr_decay_fraction", "--lr-decay-fraction"),
+    ("weight_decay", "--weight-decay"), ("adam_betas", "--adam-betas"), ("adam_eps", "--adam-eps"),
+    ("clip_grad_norm", "--clip-grad-norm"),
+)
+"""Settings a resume may change, with a warning (Note [resume identity])."""
 TIMELY_ONLY = ("max_freeze_ratio", "warmup_steps", "monitor_steps", "probe_steps", "replan_threshold",
                "replan_window")
 ADAM_BYTES_PER_PARAM = 12
@@ -141,8 +151,16 @@ def check_plan_profile(plan_path: str, source: dict[str, Any], config: TrainConf
 
 def run_identity(config: TrainConfig) -> dict[str, Any]:
     """What a resumed run must keep (Note [resume identity]), as JSON."""
-    return {field: getattr(config, field) for field, _ in IDENTITY
+    return {field: getattr(config, field) for field, _ in IDENTITY + RECIPE
             if config.freeze == "timely" or field not in TIMELY_ONLY}
+
+
+def recipe_changes(stored: dict[str, Any], config: TrainConfig) -> list[str]:
+    """The optimizer settings a resume changes against its checkpoint's (Note [resume identity]), in words."""
+    current = run_identity(config)
+    return [f"the resumed run changes {option} from {_value(stored[field])} to {_value(current[field])}: its "
+            f"losses will differ from an uninterrupted run's" for field, option in RECIPE
+            if field in stored and stored[field] != current.get(field)]
 
 
 def identity_change(stored: dict[str, Any], config: TrainConfig) -> str | None:

@@ -73,7 +73,7 @@ def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime
         timed, note = metrics, (f"{why}: step_time_ms and tokens_per_s are medians over all {len(metrics)} steps, "
                                 "warm-up included")
     step_ms = _median([row["step_time_ms"] for row in timed])
-    evals = [row["eval_loss"] for row in metrics if "eval_loss" in row]
+    evals = [row["eval_loss"] for row in metrics if row.get("eval_loss") is not None]
     spans = makespans(records)
     wall_s = sum(_wall_ms(row) for row in metrics) / 1e3
     tokens = sum(_tokens(config, row) for row in metrics)
@@ -119,7 +119,7 @@ def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime
             (r["contributions"] / (r["steps"] * config.num_microbatches) for r in stats if r["steps"]), default=None
         ),
         "longest_update_gap": max((r["longest_gap"] for r in stats), default=None),
-        "final_train_loss": metrics[-1]["loss"] if metrics else None,
+        "final_train_loss": next((r["loss"] for r in reversed(metrics) if r.get("loss") is not None), None),
         "final_eval_loss": evals[-1] if evals else None,
     }
     summary |= _noise_fields(config, metrics)

@@ -14,7 +14,10 @@ import pytest
 
 from tests.conftest import torch_or_skip
 
-FAST = ["--seq-len", "32", "--quiet", "--steps", "5", "--lr", "1e-3", "--checkpoint-every", "5"]
+# With the recipe's global clipping and weight decay (tfrun.optim): the norm spans both stages and replicas.
+CLIP, DECAY = 1.0, 0.1
+FAST = ["--seq-len", "32", "--quiet", "--steps", "5", "--lr", "1e-3", "--checkpoint-every", "5",
+        "--clip-grad-norm", str(CLIP), "--weight-decay", str(DECAY)]
 
 
 def test_each_microbatch_is_the_same_sequences_whatever_the_replicas():
@@ -67,7 +70,8 @@ def _params(out: Path, ranks: int = 2) -> dict:
 
 def _reference(plan: Path, mb: int, steps: int = 5) -> dict:
     """One process, the whole model: the same batches, micro-batches and frozen sets (detached in the forward),
-    the loss of each micro-batch divided by M, AdamW."""
+    the loss of each micro-batch divided by M, torch.nn.utils.clip_grad_norm_ at CLIP, AdamW with DECAY on
+    tensors of two or more dimensions."""
     import torch
 
     from tfplan.plan import plan as plan_mod
@@ -84,7 +88,8 @@ def _reference(plan: Path, mb: int, steps: int = 5) -> dict:
     ratios = {(a.stage, a.mb): r for a, r in zip(p.dag.actions, p.ratios) if r > 0}
     freezer = Freezer({s: candidates(mod) for s, mod in metas.items()}, ratios, num_microbatches=m, seed=0)
     owner = {n: s for s, mod in metas.items() for n, _ in mod.named_parameters()}
-    opt = torch.optim.AdamW(full.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW([{"params": [p for p in full.parameters() if p.ndim >= 2], "weight_decay": DECAY},
+                             {"params": [p for p in full.parameters() if p.ndim < 2], "weight_decay": 0.0}], lr=1e-3)
     train, _ = split_tokens(encode(load_corpus(None)))
     batches = Batches(train, global_batch=m * mb, seq_len=32, seed=0)
     params = dict(full.named_parameters())
@@ -95,6 +100,7 @@ def _reference(plan: Path, mb: int, steps: int = 5) -> dict:
             out = torch.func.functional_call(full, {n: params[n].detach() for n in frozen}, (xs,))
             if out.requires_grad:  # else every parameter is frozen in this micro-batch
                 (loss_fn(out, ys) / m).backward()
+        torch.nn.utils.clip_grad_norm_(full.parameters(), CLIP)
         opt.step()
         opt.zero_grad(set_to_none=True)
     return {n: t.detach().clone() for n, t in full.named_parameters()}

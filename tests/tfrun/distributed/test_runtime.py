@@ -3,7 +3,9 @@
 With nothing frozen the loss and every gradient equal a 1-process run on the same micro-batches; with a
 plan, exactly the planned (stage, micro-batch) pairs skip their frozen parameters' weight gradients: each
 gradient equals the sum over the micro-batches in which its stage did not freeze it. Every schedule kind
-(full backward, interleaved, split I/W, V placement, DualPipeV) and both freeze methods.
+(full backward, interleaved, split I/W, V placement, DualPipeV) and both freeze methods. With --clip-grad-norm
+(tfrun.optim.clipping) the clipped gradients equal torch.nn.utils.clip_grad_norm_ on the whole model, on 1, 2
+(and 4 stages on 2 ranks) and 3 ranks; with replicas: tests/tfrun/distributed/test_rank.py.
 """
 
 from __future__ import annotations
@@ -31,10 +33,22 @@ CASES_2 = [
     ("dualpipev", 2, 2, 4, "mix", "detach"),
     ("1f1b", 2, 1, 4, "mix", "detach", "rescale"),
     ("zbv", 2, 2, 4, "mix", "grad", "rescale"),
+    # --clip-grad-norm over every stage (tfrun.optim.clipping), frozen and unfrozen, each schedule family
+    ("gpipe", 2, 1, 4, "none", "detach", "clip"),
+    ("1f1b", 2, 1, 4, "mix", "detach", "clip"),
+    ("interleaved-1f1b", 2, 2, 4, "mix", "grad", "clip"),
+    ("looped-bfs", 2, 2, 3, "none", "detach", "clip"),
+    ("interleaved-zb", 2, 2, 4, "mix", "detach", "clip"),
+    ("zbv", 2, 2, 4, "none", "grad", "clip"),
+    ("dualpipev", 2, 2, 4, "mix", "detach", "rescale", "clip"),
+]
+CASES_1 = [  # one stage: the whole model on one rank
+    ("1f1b", 1, 1, 4, "mix", "detach", "clip"),
 ]
 CASES_3 = [
     ("1f1b", 3, 1, 5, "mix", "detach"),
     ("interleaved-zb", 3, 1, 4, "mix", "grad"),
+    ("1f1b", 3, 1, 5, "mix", "detach", "clip"),
 ]
 
 
@@ -65,12 +79,17 @@ def three_rank_results(tmp_path_factory):
     return _run(CASES_3, 3, tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def one_rank_results(tmp_path_factory):
+    return _run(CASES_1, 1, tmp_path_factory)
+
+
 def _check(out, index: int, case: tuple, world: int) -> None:
     import torch
 
     from tests import pipeline_harness
 
-    ref, ref_losses = pipeline_harness.reference(*case[:5], rescale="rescale" in case[6:])
+    ref, ref_losses = pipeline_harness.reference(*case[:5], rescale="rescale" in case[6:], clip="clip" in case[6:])
     grads, losses = {}, []
     for r in range(world):
         saved = torch.load(out / f"case{index}-rank{r}.pt")
@@ -93,6 +112,12 @@ def test_two_ranks_match_single_process(two_rank_results, index):
 @pytest.mark.parametrize("index", range(len(CASES_3)), ids=["-".join(map(str, c)) for c in CASES_3])
 def test_three_ranks_match_single_process(three_rank_results, index):
     _check(three_rank_results, index, CASES_3[index], 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(CASES_1)), ids=["-".join(map(str, c)) for c in CASES_1])
+def test_one_rank_matches_single_process(one_rank_results, index):
+    _check(one_rank_results, index, CASES_1[index], 1)
 
 
 def test_mixed_plan_really_differs_from_unfrozen():
