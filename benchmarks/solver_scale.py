@@ -250,7 +250,7 @@ def part_c(ladder: list[tuple[int, int]]) -> None:
 
 
 def random_profile(num_stages: int, seed: int = 0) -> Profile:
-    """Per-stage costs drawn as tests/tfplan/solve/fastlp/test_phases.py's _random_profile draws them (B 1-4 ms, I
+    """Per-stage costs drawn as tests/tfplan/solve/fastlp/instances.py's _random_profile draws them (B 1-4 ms, I
     30-70% of B, frozen B 30-90%, frozen W 0-30%, F 0.5-2 ms; 15% of stages cannot be frozen), with rank tails of 0 or
     up to 8 ms and a dispatch cost of 0 or 0.05 ms from a second generator."""
     rng = random.Random(seed)

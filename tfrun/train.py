@@ -177,6 +177,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
 
     records, spans = gather_records(timer.records), gather_records(timer.spans)
     stats = _gather_stats(r)
+    tensor_noise = _gather_tensor_noise(r)
     agree = r.replicas_agree()
     if rank != 0:
         return None
@@ -186,6 +187,8 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     summary |= summarize.caveats(config, summary)
     (out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
     measure.write_outputs(out, config, summary, records, stats, spans, online.profile() if online else None)
+    if noise.measured:
+        measure.write_noise_tensors(out, config, tensor_noise)
     return summary
 
 
@@ -217,10 +220,24 @@ def _from_last_stage(value: float, has_last: bool, device: torch.device, dp: int
 
 def _gather_noise(noise: NoiseMeter, num_stages: int) -> dict:
     """A measured step's metrics fields, every stage's on rank 0: `noise_scale_tokens` (smoothed, per stage;
-    null while |G|^2 is not positive) and `grad_sq` (smoothed |G|^2 per stage). Collective."""
+    null while |G|^2 is not positive) and `grad_sq` (smoothed |G|^2 per stage), and `noise_skipped`, the stages
+    this step left out (tfrun.freeze.noise), when there are any. Collective."""
     both = noise.gathered()
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, noise.skipped)
+    skipped = sorted({s for part in parts for s in part})
     return {"noise_scale_tokens": [noise_scale(*both[s]) if s in both else None for s in range(num_stages)],
-            "grad_sq": [both[s][0] if s in both else None for s in range(num_stages)]}
+            "grad_sq": [both[s][0] if s in both else None for s in range(num_stages)],
+            **({"noise_skipped": skipped} if skipped else {})}
+
+
+def _gather_tensor_noise(r: Rank) -> list[dict] | None:
+    """Every stage's per-tensor noise estimates on rank 0 (noise_tensors.json), None elsewhere; replica 0's."""
+    rows = [{"stage": s, "name": name, "grad_sq": gsq, "trace": trace}
+            for s in r.local for name, (gsq, trace) in r.noise.tensor_estimates(s).items()] if r.dp_rank == 0 else []
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(rows, parts, dst=0)
+    return None if parts is None else [row for part in parts for row in part]
 
 
 def _gather_shares(r: Rank, num_stages: int, m: int) -> list[float]:

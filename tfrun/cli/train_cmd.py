@@ -15,7 +15,7 @@ from rich.console import Console
 from tfplan.cli.options import user_errors
 from tfplan.fileio import write_text_atomic
 from tfrun.cli import config_file
-from tfrun.config.train_config import APF_STABLE_SHARE, NOISE_EVERY
+from tfrun.config.train_config import APF_STABLE_SHARE, DEFAULT_NOISE_ESTIMATOR, NOISE_EVERY
 from tfrun.errors import TfrunError
 from tfrun.records.tensorboard import check_tensorboard
 
@@ -169,6 +169,15 @@ def train_cmd(
         int, typer.Option("--noise-every", help="Measure each stage's gradient noise scale every K steps (0: off); "
                                                 "summary.json and metrics.jsonl report it.")
     ] = NOISE_EVERY,
+    noise_estimator: Annotated[
+        str, typer.Option("--noise-estimator", help="How measured steps combine into each stage's noise scale: "
+                                                    "winsor (default: robust to one outlier step), median, or ema "
+                                                    "(the published moving averages).")
+    ] = DEFAULT_NOISE_ESTIMATOR,
+    noise_window: Annotated[
+        int, typer.Option("--noise-window", help="median, winsor: measured steps in the window (0: 8, or the "
+                                                 "run's measured steps if fewer).")
+    ] = 0,
     schedule: Annotated[str | None, typer.Option("--schedule", help="timely without --plan: the schedule.")] = None,
     ranks: Annotated[int | None, typer.Option("--ranks", help="timely without --plan: pipeline ranks.")] = None,
     microbatches: Annotated[
@@ -248,6 +257,7 @@ def train_cmd(
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
             checkpoint_minutes=checkpoint_minutes, keep_checkpoints=keep_checkpoints, force=force,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet, noise_every=noise_every,
+            noise_estimator=noise_estimator, noise_window=noise_window,
             tokenizer_path=tokenizer, token_dtype=token_dtype, token_cache_dir=token_cache, precision=precision,
             lr_schedule=lr_schedule, lr_warmup_steps=lr_warmup_steps, lr_min_ratio=lr_min_ratio,
             lr_decay_fraction=lr_decay_fraction, weight_decay=weight_decay, adam_betas=_betas(adam_betas),

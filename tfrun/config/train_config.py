@@ -22,6 +22,12 @@ profile take their medians over, and a bound on memory (8 ranks x M = 64 x F, I,
 FREEZE_MODES = ("plan", "none", "all", "timely", "uniform", "apf", "autofreeze", "timely+apf", "timely+autofreeze")
 PLANNED = ("plan", "uniform", "timely+apf", "timely+autofreeze")  # modes that apply `ratios`
 NOISE_EVERY = 5
+NOISE_ESTIMATORS = ("ema", "median", "winsor")
+"""`--noise-estimator`'s choices (tfrun.freeze.noise_estimators Note [robust noise])."""
+DEFAULT_NOISE_ESTIMATOR = "winsor"
+"""Chosen by measurement: docs/cost-model.md, "Which noise estimator"."""
+DEFAULT_NOISE_WINDOW = 8
+"""Measured steps the window estimators keep by default (fewer when the run measures fewer)."""
 """Default period of the noise-scale measurement, in steps (its cost: docs/benchmarks.md, "Noise scale")."""
 APF_STABLE_SHARE = 0.5
 """Default share of a tensor's scalars that must be stable for APF to freeze it (tfrun.freeze.baselines Note [apf
@@ -183,6 +189,11 @@ class TrainConfig:
     """autofreeze: steps between checks."""
     noise_every: int = NOISE_EVERY
     """Measure the gradient noise scale every this many steps (0 = off; tfrun.freeze.noise Note [noise scale])."""
+    noise_estimator: str = DEFAULT_NOISE_ESTIMATOR
+    """How measured steps combine: ema (the published form), median or winsor (tfrun.freeze.noise_estimators)."""
+    noise_window: int = 0
+    """median, winsor: measured steps in the window (0 = DEFAULT_NOISE_WINDOW, or the run's measured steps if
+    fewer)."""
     dp: int = 1
     """Data-parallel replicas of the pipeline (world = dp x pipeline ranks; tfrun.distributed.rank)."""
     init_from: str | None = None
@@ -326,7 +337,21 @@ class TrainConfig:
             raise TfrunError(f"--adam-eps must be a finite number > 0, got {self.adam_eps}")
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             raise TfrunError(f"--adam-betas must be two numbers B1,B2 in [0, 1), got {list(self.adam_betas)}")
+        if self.noise_estimator not in NOISE_ESTIMATORS:
+            raise TfrunError(f"--noise-estimator must be one of {', '.join(NOISE_ESTIMATORS)}, got "
+                             f"{self.noise_estimator!r}")
+        measured = -(-self.steps // self.noise_every) if self.noise_every else None
+        if self.noise_window < 0 or (measured is not None and self.noise_window > measured):
+            raise TfrunError(f"--noise-window must be in [0, the run's measured steps] ({measured}: --steps "
+                             f"{self.steps}, --noise-every {self.noise_every}), got {self.noise_window}")
         if self.on_nonfinite not in ("stop", "skip"):
             raise TfrunError(f"--on-nonfinite must be stop or skip, got {self.on_nonfinite!r}")
         if self.max_skipped_steps < 1:
             raise TfrunError(f"--max-skipped-steps must be >= 1, got {self.max_skipped_steps}")
+
+    def noise_window_steps(self) -> int:
+        """The window estimators' length in measured steps (--noise-window, or its default)."""
+        if self.noise_window:
+            return self.noise_window
+        measured = -(-self.steps // self.noise_every) if self.noise_every else DEFAULT_NOISE_WINDOW
+        return max(1, min(DEFAULT_NOISE_WINDOW, measured))

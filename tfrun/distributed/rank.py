@@ -131,7 +131,8 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
     stage_candidates = {s: candidates(m) for s, m in modules.items()}
     noise = NoiseMeter(modules, stage_candidates, num_microbatches=config.num_microbatches,
                        microbatch_tokens=config.microbatch_size * config.seq_len, every=config.noise_every,
-                       dp=config.dp, dp_group=dp_group)
+                       dp=config.dp, dp_group=dp_group, estimator=config.noise_estimator,
+                       window=config.noise_window_steps())
     freezer = Freezer(
         stage_candidates,
         planned_ratios(config, local),

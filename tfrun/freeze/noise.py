@@ -7,9 +7,11 @@ true gradient and Sigma the per-token gradient covariance. A step computes each 
 (replica, micro-batch) pairs that reached the tensor). The two-batch estimates (their appendix A)
     |G|^2     ~ (B_big |G_step|^2 - B_small S) / (B_big - B_small)
     tr(Sigma) ~ (S - |G_step|^2) / (1 / B_small - 1 / B_big),      S = mean over pairs of |g_m|^2,
-are unbiased but noisy: each is smoothed over measured steps (an exponential average with bias correction,
-factor `NOISE_EMA`) before the ratio B_noise = tr(Sigma) / |G|^2, the noise scale in tokens. A stage's is
-the ratio of its tensors' sums; its |G|^2 share says how much of the model's progress it carries.
+are unbiased but noisy: each is smoothed per tensor over the measured steps (by `--noise-estimator`,
+tfrun.freeze.noise_estimators Note [robust noise]) before the ratio B_noise = tr(Sigma) / |G|^2, the noise scale
+in tokens. A stage's is the ratio of its tensors' sums; its |G|^2 share says how much of the model's progress it
+carries. A measured step in which a stage's tensors were reached by fewer than two micro-batches, or whose
+values are not finite, leaves that stage's estimates as they were and is recorded (`noise_skipped`).
 
 |g_m|^2 comes from a hook on every trainable tensor (`Tensor.register_hook`, which fires with one backward
 call's gradient before it is added to .grad: in a full B, a restricted autograd.grad and a split W alike);
@@ -27,17 +29,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tfrun.config.train_config import DEFAULT_NOISE_ESTIMATOR, DEFAULT_NOISE_WINDOW
 from tfrun.freeze.candidates import Candidate
-
-NOISE_EMA = 0.9
-"""Factor of the moving averages of |G|^2 and tr(Sigma) over measured steps (Note [noise scale])."""
+from tfrun.freeze.noise_estimators import TensorNoise
 
 
 class NoiseMeter:
     """Note [noise scale] for one rank's stages."""
 
     def __init__(self, modules: dict[int, nn.Module], stage_candidates: dict[int, list[Candidate]], *,
-                 num_microbatches: int, microbatch_tokens: int, every: int, dp: int = 1, dp_group=None) -> None:
+                 num_microbatches: int, microbatch_tokens: int, every: int, dp: int = 1, dp_group=None,
+                 estimator: str = DEFAULT_NOISE_ESTIMATOR, window: int = DEFAULT_NOISE_WINDOW) -> None:
         self.every, self.m, self.b_small = every, num_microbatches, microbatch_tokens
         self.dp, self.dp_group = dp, dp_group
         self.names = {s: [c.name for c in cands] for s, cands in stage_candidates.items()}
@@ -46,12 +48,10 @@ class NoiseMeter:
         """Stage -> per tensor, the sum over this step's micro-batches of |g_m|^2 (float64)."""
         self._n: dict[int, torch.Tensor] = {}
         """Stage -> per tensor, how many micro-batches reached it this step."""
-        self.gsq: dict[int, torch.Tensor] = {}
-        """Stage -> per tensor, the smoothed |G|^2 estimate (bias-uncorrected average)."""
-        self.trace: dict[int, torch.Tensor] = {}
-        """Stage -> per tensor, the smoothed tr(Sigma) estimate (per token)."""
-        self.counts: dict[int, torch.Tensor] = {}
-        """Stage -> per tensor, measured steps that gave it an estimate (for the bias correction)."""
+        self.smoothed: dict[int, TensorNoise] = {}
+        """Stage -> its per-tensor |G|^2 and tr(Sigma), smoothed over measured steps by `estimator`."""
+        self.skipped: list[int] = []
+        """Local stages the step just measured left out (no tensor reached twice, or a value not finite)."""
         self.measured = 0
         """Steps measured so far."""
         self.measured_this_step = False
@@ -64,6 +64,7 @@ class NoiseMeter:
             device = next(iter(params.values())).device if params else torch.device("cpu")
             self._sq[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
             self._n[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
+            self.smoothed[s] = TensorNoise(estimator, len(self.names[s]), window, device)
             for i, name in enumerate(self.names[s]):
                 self._handles.append(params[name].register_hook(self._hook(s, i)))
 
@@ -90,6 +91,7 @@ class NoiseMeter:
         if not self.active:
             return False
         self.active = False
+        self.skipped = []
         for s, module in modules.items():
             params = dict(module.named_parameters())
             sq, n = self._sq[s], self._n[s]
@@ -109,41 +111,40 @@ class NoiseMeter:
             b_small, b_big = float(self.b_small), n_safe * self.b_small
             gsq = torch.where(usable, (b_big * g_step - b_small * small) / (b_big - b_small), torch.zeros_like(n))
             trace = torch.where(usable, (small - g_step) / (1 / b_small - 1 / b_big), torch.zeros_like(n))
-            # a step that is not finite (tfrun.train Note [non-finite steps]) leaves the averages as they were
+            # a step that is not finite (tfrun.train Note [non-finite steps]) leaves the estimates as they were
             usable &= torch.isfinite(gsq) & torch.isfinite(trace)
-            a = NOISE_EMA
-            zero = torch.zeros_like(n)
-            old_gsq, old_trace = self.gsq.get(s, zero), self.trace.get(s, zero)
-            self.gsq[s] = torch.where(usable, a * old_gsq + (1 - a) * gsq, old_gsq)
-            self.trace[s] = torch.where(usable, a * old_trace + (1 - a) * trace, old_trace)
-            self.counts[s] = self.counts.get(s, zero) + usable.double()
+            if not bool(usable.any()):
+                self.skipped.append(s)
+            self.smoothed[s].add(gsq, trace, usable)
         self.measured += 1
         return True
-
-    def _corrected(self, stage: int, values: torch.Tensor) -> torch.Tensor:
-        """The moving average without its start's bias towards 0 (as Adam's); 0 for a tensor never estimated."""
-        weight = 1 - NOISE_EMA ** self.counts[stage]
-        return torch.where(weight > 0, values / weight.clamp_min(1e-300), torch.zeros_like(values))
 
     def stage_estimates(self) -> dict[int, tuple[float, float]]:
         """Stage -> (|G|^2, tr(Sigma)) smoothed, summed over its tensors that have an estimate; a stage none of
         whose tensors was reached by two micro-batches of a measured step (a plan that freezes it heavily)
         is left out."""
-        return {s: (float(self._corrected(s, self.gsq[s]).sum()), float(self._corrected(s, self.trace[s]).sum()))
-                for s in self.gsq if bool((self.counts[s] > 0).any())}
+        out = {s: noise.stage() for s, noise in self.smoothed.items()}
+        return {s: v for s, v in out.items() if v is not None}
 
     def tensor_estimates(self, stage: int) -> dict[str, tuple[float, float]]:
-        """Tensor name -> (|G|^2, tr(Sigma)) smoothed, for one local stage."""
-        if not self.measured or stage not in self.gsq:
+        """Tensor name -> (|G|^2, tr(Sigma)) smoothed, for one local stage's tensors that have an estimate."""
+        if not self.measured or stage not in self.smoothed:
             return {}
-        gsq, trace = self._corrected(stage, self.gsq[stage]), self._corrected(stage, self.trace[stage])
-        return {name: (float(gsq[i]), float(trace[i])) for i, name in enumerate(self.names[stage])}
+        gsq, trace, have = self.smoothed[stage].values()
+        return {name: (float(gsq[i]), float(trace[i])) for i, name in enumerate(self.names[stage]) if have[i]}
 
     def state_dict(self) -> dict:
-        return {"gsq": self.gsq, "trace": self.trace, "counts": self.counts, "measured": self.measured}
+        return {"smoothed": {s: t.state_dict() for s, t in self.smoothed.items()}, "measured": self.measured}
 
     def load_state_dict(self, state: dict) -> None:
-        self.gsq, self.trace, self.counts = dict(state["gsq"]), dict(state["trace"]), dict(state["counts"])
+        if "smoothed" not in state:  # a checkpoint written before the estimators (issue 36): the published form's
+            for s, noise in self.smoothed.items():
+                if noise.estimator == "ema" and s in state["gsq"]:
+                    noise.ema = torch.stack([state["gsq"][s], state["trace"][s]])
+                    noise.counts = state["counts"][s]
+        else:
+            for s, sub_state in state["smoothed"].items():
+                self.smoothed[s].load_state_dict(sub_state)
         self.measured = int(state["measured"])
 
     def gathered(self) -> dict[int, tuple[float, float]]:

@@ -252,3 +252,25 @@ def write_outputs(out: Path, config: TrainConfig, summary: dict, records: list[A
         "num_microbatches": config.num_microbatches, "redraw_every": config.redraw_every, "tensors": stats,
     })
     write_json_atomic(out / "summary.json", summary)
+
+
+NOISE_TENSORS_VERSION = 1
+
+
+def write_noise_tensors(out: Path, config: TrainConfig, rows: list[dict]) -> None:
+    """noise_tensors.json (rank 0): per stage, every tensor's smoothed |G|^2 and tr(Sigma) at the run's end and
+    its noise scale, the tensors that carry most of the stage's tr(Sigma) first: which tensor drives a stage's
+    estimate (tfrun.freeze.noise_estimators Note [robust noise])."""
+    stages = []
+    for s in sorted({row["stage"] for row in rows}):
+        mine = [row for row in rows if row["stage"] == s]
+        gsq, trace = math.fsum(r["grad_sq"] for r in mine), math.fsum(r["trace"] for r in mine)
+        tensors = [{"name": r["name"], "grad_sq": r["grad_sq"], "trace": r["trace"],
+                    "noise_scale_tokens": r["trace"] / r["grad_sq"] if r["grad_sq"] > 0 else None,
+                    "trace_share": r["trace"] / trace if trace > 0 else None,
+                    "grad_sq_share": r["grad_sq"] / gsq if gsq > 0 else None} for r in mine]
+        tensors.sort(key=lambda t: -(t["trace_share"] or 0.0))
+        stages.append({"stage": s, "grad_sq": gsq, "trace": trace,
+                       "noise_scale_tokens": trace / gsq if gsq > 0 else None, "tensors": tensors})
+    write_json_atomic(out / "noise_tensors.json", {"schema_version": NOISE_TENSORS_VERSION,
+                                                   "estimator": config.noise_estimator, "stages": stages})

@@ -45,6 +45,7 @@ IDENTITY: tuple[tuple[str, str], ...] = (
     ("redraw_every", "--redraw-every"),
     ("ramp_steps", "--ramp-steps"), ("grad_rescale", "--grad-rescale"), ("max_stale_steps", "--max-stale-steps"),
     ("data_hash", "--data"), ("dp", "--dp"), ("precision", "--precision"),
+    ("noise_estimator", "--noise-estimator"), ("noise_window", "--noise-window"),
     # --freeze timely only:
     ("max_freeze_ratio", "--max-freeze-ratio"), ("warmup_steps", "--warmup-steps"),
     ("monitor_steps", "--monitor-steps"), ("probe_steps", "--probe-steps"),
@@ -170,7 +171,7 @@ def identity_change(stored: dict[str, Any], config: TrainConfig) -> str | None:
         return None
     current = run_identity(config)
     for field, option in IDENTITY:
-        if field not in stored and field not in current:
+        if field not in stored:  # (a checkpoint written before the setting existed)
             continue
         old, new = stored.get(field), current.get(field)
         if old == new:

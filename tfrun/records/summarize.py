@@ -146,7 +146,8 @@ def _noise_fields(config: TrainConfig, metrics: list[dict]) -> dict:
     share = [statistics.median(col) for col in zip(*shares)] if shares else None
     if share:
         share = [x / sum(share) for x in share]  # medians of shares need not sum to 1: renormalised
-    return {"noise_scale_tokens": scales, "grad_sq_share": share, "noise_steps": len(rows)}
+    return {"noise_scale_tokens": scales, "grad_sq_share": share, "noise_steps": len(rows),
+            "noise_estimator": config.noise_estimator}
 
 
 def _wall_ms(row: dict) -> float:

@@ -1,5 +1,5 @@
 """tfplan.solve.heap: when glibc's heap is trimmed (the CLI's process-wide settings are tested in
-tests/tfplan/cli/test_cli.py, in child processes)."""
+tests/tfplan/cli/test_app.py, in child processes)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.tfplan.solve.fastlp.test_phases import _random_profile
+from tests.tfplan.solve.fastlp.instances import _random_profile
 from tfplan.schedule import schedules
 from tfplan.solve.fastlp import exact
 from tfplan.solve.fastlp.bound import FullDual, Windows, safe_lower_bound

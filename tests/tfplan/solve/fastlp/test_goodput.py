@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.tfplan.solve.fastlp.test_phases import COMPRESSED, _random_profile
+from tests.tfplan.solve.fastlp.instances import COMPRESSED, _random_profile
 from tfplan.cost.goodput import NoiseModel, progress
 from tfplan.errors import TfplanError
 from tfplan.plan import job

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tests.tfplan.solve.fastlp.test_phases import _random_profile
+from tests.tfplan.solve.fastlp.instances import _random_profile
 from tfplan.schedule import schedules
 from tfplan.solve import lp
 from tfplan.solve.fastlp.bound import Windows, from_tied_dual, safe_lower_bound
