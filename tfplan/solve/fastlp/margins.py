@@ -15,7 +15,7 @@ Note [two margins]
   met its optimum; its primal margin is handed on as before (phase 3 starts from phase 2's basis). A dual
   handed a smaller margin than the primal's grows alone first, up to the primal's, before the rule above
   applies: growing the primal too at the first gap cost a round and a primal twice as large on small
-  random instances (1F1B 4 x 32, tests/tfplan/solve/fastlp/test_phases.py).
+  random instances (1F1B 4 x 32, tests/tfplan/solve/fastlp/test_margins.py).
 
 Note [lagging runs]
   Phases 2-3 mostly start from the time-aligned margins (aligned_margins): each run keeps untied the periods
