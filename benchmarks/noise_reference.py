@@ -20,17 +20,21 @@ import time
 M, MB_SIZE, SEQ = 8, 4, 128
 
 
-def trained(stages, corpus_tokens, steps: int) -> None:
-    """`steps` AdamW steps (lr 3e-4) of the chained stages on the corpus, as `tfrun train --freeze none` takes them."""
+_OPTIMIZERS: dict = {}
+
+
+def trained(stages, corpus_tokens, steps: int, start: int = 0) -> None:
+    """`steps` AdamW steps (lr 3e-4) of the chained stages on the corpus from batch `start`, as `tfrun train
+    --freeze none` takes them (one optimizer per model, kept between calls)."""
     import torch
 
     from tfrun.data import Batches
     from tfrun.models import loss_fn
 
     params = [p for m in stages.values() for p in m.parameters()]
-    opt = torch.optim.AdamW(params, lr=3e-4)
+    opt = _OPTIMIZERS.setdefault(id(stages), torch.optim.AdamW(params, lr=3e-4))
     batches = Batches(corpus_tokens, global_batch=M * MB_SIZE, seq_len=SEQ, seed=0)
-    for step in range(steps):
+    for step in range(start, start + steps):
         x, y = batches.batch_at(step)
         for xs, ys in zip(x.chunk(M), y.chunk(M)):
             out = xs
@@ -48,6 +52,9 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=150, help="training before the second measurement")
     parser.add_argument("--corpora", default="default,stdlib")
     parser.add_argument("--estimators", default="ema,median,winsor")
+    parser.add_argument("--trajectory", default=None,
+                        help="instead: the exact noise scale along `tfrun train --freeze none`'s own trajectory "
+                             "at these steps (e.g. 4,8,12,24,29), to set beside benchmarks/noise_estimators.py's")
     args = parser.parse_args()
     import torch
 
@@ -56,6 +63,18 @@ def main() -> None:
     from tfrun.models import MODELS, build_stage, loss_fn
 
     torch.set_num_threads(1)
+    if args.trajectory:
+        tokens = split_tokens(encode(load_corpus(None)))[0]
+        stages = {s: build_stage(MODELS["tiny"], s, 2, 0) for s in (0, 1)}
+        done = 0
+        for step in sorted(int(k) for k in args.trajectory.split(",")):
+            trained(stages, tokens, step - done, start=done)  # the weights the run measures at step `step`
+            done = step
+            x, y = Batches(tokens, global_batch=args.sequences, seq_len=SEQ, seed=12345).batch_at(0)
+            reference = exact(stages, loss_fn, x, y)
+            print(f"step {step}: exact noise scale " + ", ".join(f"stage {s} {v:,.0f}" for s, v in
+                                                                  sorted(reference.items())) + " tokens", flush=True)
+        return
     print(f"noise scale against its definition: tiny model (2 stages), {args.sequences} sequences of {SEQ} tokens "
           f"for the reference, {args.steps} steps of {M} x {MB_SIZE} x {SEQ} for the pipeline; load "
           f"{os.getloadavg()[0]:.2f} at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
