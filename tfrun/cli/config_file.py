@@ -28,6 +28,8 @@ from tfrun.errors import TfrunError
 RESOLVED = "config.toml"
 """The resolved configuration a run writes into its folder."""
 SKIPPED = ("config", "resume")
+DATA_GROUP = ("tokenizer", "token_dtype")
+"""Options that describe --data (Note [resumed data]): taken from a resumed run's file only with its --data."""
 """Options a configuration file does not set (the file itself; which run to resume is the command's)."""
 
 
@@ -154,6 +156,19 @@ def on_resume(ctx, param, value: str | None) -> str | None:
         _keep(ctx, "resume", lambda: {k: v for k, v in read(Path(value) / RESOLVED, ctx.command).items()
                                       if k != "out"})
     return value
+
+
+def resumed_data_settings(ctx) -> dict[str, Any]:
+    """The data options to reset (parameter name -> its default) because the resumed run's file set them but
+    --data comes from elsewhere (Note [resumed data]); empty when the run keeps the resumed run's data."""
+    files = ctx.meta.get("tfrun.config_files", {})
+    resumed, given = files.get("resume", {}), files.get("config", {})
+    from_files = ctx.get_parameter_source("data").name in ("DEFAULT_MAP", "DEFAULT")
+    if not resumed or (from_files and "data" not in given):  # not resuming, or the resumed run's own data
+        return {}
+    params = {p.name: p for p in ctx.command.params}
+    return {name: params[name].default for name in DATA_GROUP
+            if name in resumed and name not in given and ctx.get_parameter_source(name).name == "DEFAULT_MAP"}
 
 
 def raise_errors(ctx) -> None:

@@ -94,3 +94,26 @@ def test_bad_files_are_one_line_naming_the_key(text: str, expected: str, tmp_pat
     lines = err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_on_other_data_drops_the_resumed_data_settings(tmp_path, monkeypatch) -> None:
+    """Note [resumed data]: the resumed run's --tokenizer and --token-dtype come with its --data only. (The
+    checks of data and checkpoint are tfrun.cli.setup's, stubbed here; a real resume on the token cache:
+    tests/tfrun/test_hf_train.py.)"""
+    from tfrun.cli import config_file, setup
+
+    monkeypatch.setattr(setup, "_checked", lambda config, token_cache_dir=None: config)
+    out = tmp_path / "run"
+    out.mkdir()
+    _write(out / config_file.RESOLVED, f'plan = "{PLAN}"\nforce = true\ndata = "docs.txt"\n'
+                                       'tokenizer = "tokenizer.json"\ntoken-dtype = "uint32"\n')
+    code, err, same = _train(["--resume", str(out)], monkeypatch)
+    assert code == 0, err
+    assert (same.data_path, same.tokenizer_path, same.token_dtype) == ("docs.txt", "tokenizer.json", "uint32")
+    code, err, other = _train(["--resume", str(out), "--data", "ids.bin"], monkeypatch)
+    assert code == 0, err
+    assert (other.data_path, other.tokenizer_path, other.token_dtype) == ("ids.bin", None, "uint16")
+    assert "tokenizer" not in (out / config_file.RESOLVED).read_text()  # the resolved file says what ran
+    code, err, kept = _train(["--resume", str(out), "--data", "more.txt", "--tokenizer", "t2.json"], monkeypatch)
+    assert code == 0, err
+    assert (kept.tokenizer_path, kept.token_dtype) == ("t2.json", "uint16")
