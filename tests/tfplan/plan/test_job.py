@@ -99,9 +99,9 @@ def test_the_time_limit_covers_the_anchored_solve(monkeypatch, caplog) -> None:
     limits = []
     real = job._solve_backend
 
-    def recording(d, caps, target, backend, time_limit_s, makespan=None):
+    def recording(d, caps, target, backend, time_limit_s, *known):
         limits.append(time_limit_s)
-        return real(d, caps, target, backend, time_limit_s, makespan)
+        return real(d, caps, target, backend, time_limit_s, *known)
 
     monkeypatch.setattr(job, "_solve_backend", recording)
     anchored = job.solve_dag(dag, 0.9, time_limit_s=50.0)
