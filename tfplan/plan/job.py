@@ -133,16 +133,16 @@ ANCHOR_TOL = 1e-6
 
 def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
               backend: str = "auto", time_limit_s: float | None = DEFAULT_TIME_LIMIT_S, anchor: bool = True,
-              makespan=None):
+              makespan=None, handover=None):
     """The three-phase LP by the chosen backend: "glop" (tfplan.solve.solver, the full LP), "fastlp"
     (tfplan.solve.fastlp, periodic compression, same optima) or "auto" (by size, AUTO_FASTLP_ACTIONS); time_limit_s:
     seconds for the whole solve, the anchored one included (None: none); anchor: keep one stage-0 backward unfrozen
     (Note [stage-0 anchor]); makespan: phase 1 already certified at these caps (an lp.PhaseResult from the goodput
-    search), which fastlp then does not solve again. Returns an lp.Solution (status FEASIBLE when fastlp ran
-    out of time)."""
+    search), which fastlp then does not solve again; handover: the bases that search hands phase 2 (fastlp.solve's
+    `handover`). Returns an lp.Solution (status FEASIBLE when fastlp ran out of time)."""
     caps = check_caps(caps, dag.schedule.num_stages)
     start = time.perf_counter()
-    solution = _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s, makespan)
+    solution = _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s, makespan, handover)
     pin = anchor_node(dag, solution.ratios) if anchor else None
     if pin is None:
         return solution
@@ -162,12 +162,12 @@ def solve_dag(dag: dag_mod.Dag, caps: Sequence[float] | float, target_makespan_m
     return replace(pinned, anchor_cost_ms=cost if cost > ANCHOR_TOL * solution.makespan_ms else 0.0)
 
 
-def _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s, makespan=None):
+def _solve_backend(dag, caps, target_makespan_ms, backend, time_limit_s, makespan=None, handover=None):
     from tfplan.solve import fastlp, solver
 
     check_backend(backend)
     if backend == "fastlp" or (backend == "auto" and dag.num_nodes > AUTO_FASTLP_ACTIONS):
-        return fastlp.solve(dag, caps, target_makespan_ms, time_limit_s, makespan=makespan)
+        return fastlp.solve(dag, caps, target_makespan_ms, time_limit_s, makespan=makespan, handover=handover)
     return solver.solve(dag, caps, target_makespan_ms, time_limit_s)
 
 
@@ -255,7 +255,7 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
     caps = check_caps(caps, dag.schedule.num_stages)
     if objective not in OBJECTIVES:
         raise TfplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    limits, record, known = caps, None, None
+    limits, record, known, handover = caps, None, None, None
     if objective == "goodput":
         from tfplan.solve.fastlp import solve_goodput
 
@@ -270,6 +270,7 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
         best = solve_goodput(dag, caps, noise, batch, time_limit_s)
         limits = [min(c, m) for c, m in zip(caps, best.means)] if best.pays else [0.0] * len(caps)
         known = best.makespan if best.pays else None  # phase 1 at exactly these caps
+        handover = best.handover if best.pays else None
         record = ("goodput", noise, batch, {"lp_solves": best.lp_solves, "dinkelbach_steps": best.dinkelbach_steps,
                                             "wall_s": best.wall_s, "certified": best.certified, "means": best.means,
                                             "lp_columns": best.lp_columns, "compressions": best.compressions,
@@ -280,7 +281,7 @@ def solve_plan(dag: dag_mod.Dag, profile: profile_mod.Profile, caps: Sequence[fl
         record = ("makespan", noise, batch_tokens(profile, dag.schedule, noise), None)
     target = None if target_speedup is None else target_makespan(dag, target_speedup)
     try:
-        solution = solve_dag(dag, limits, target, backend, time_limit_s, anchor, known)
+        solution = solve_dag(dag, limits, target, backend, time_limit_s, anchor, known, handover)
     except UnreachableTarget as exc:
         none = plan_mod.predict(dag, [0.0] * dag.num_nodes)[0].no_freeze_ms
         raise TfplanError(

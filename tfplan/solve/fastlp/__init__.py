@@ -33,9 +33,11 @@ The files, in reading order (each imports only those above it):
               U - L meets the tolerance (certified; Notes [warm margins], [unneeded duals]);
   phases.py   the solve itself: the three phases chained, the time limit, and the plan (solve; Note [LP
               tolerance]);
+  goodput_lp.py  the goodput search's LP in GLOP: the tied primal of phase 1 with stage means, progress
+              variables and Kelley's cuts, re-solved warm (GoodputLP; Note [warm goodput LP]);
   goodput.py  the goodput objective on the same compressed LP (solve_goodput; Notes [goodput LP],
-              [goodput certificate]): the stage means that maximise predicted progress per second, which
-              then become the caps of `solve`.
+              [goodput certificate], [goodput handover]): the stage means that maximise predicted progress per
+              second, which then become the caps of `solve`, with the bases its phase 2 starts from.
 Only `solve` and `solve_goodput` are this package's interface; the modules' public names are there for
 tests and benchmarks.
 

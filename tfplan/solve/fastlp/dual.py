@@ -180,3 +180,17 @@ def phase3_dual_basis(basis2: tuple[np.ndarray, np.ndarray], lp3: SparseLP) -> t
     cols = np.concatenate([basis2[0], np.where(np.isfinite(lp3.lb[n2:]), AT_LOWER, FREE)])
     rows = np.concatenate([basis2[1], np.full(len(lp3.row_hi) - m2, BASIC)])
     return cols, rows
+
+
+def phase2_dual_basis(basis1: tuple[np.ndarray, np.ndarray], lp2: SparseLP) -> tuple[np.ndarray, np.ndarray] | None:
+    """A starting basis for phase 2's tied dual from the goodput certificate's phase-1 tied dual at the same
+    compression (Note [goodput handover] in tfplan.solve.fastlp.goodput): phase 2 appends the theta column (T <=
+    t_ub), which starts nonbasic at 0; the cap prices, fixed there, start nonbasic at 0 where they are not basic
+    (as every nonbasic column: the tied dual's columns have no upper bounds). The rows are the same. None when
+    the sizes do not fit (another compression). Codes: LPResult.basis."""
+    n1 = len(basis1[0])
+    if n1 > len(lp2.lb) or len(basis1[1]) != len(lp2.row_hi):
+        return None
+    cols = np.concatenate([basis1[0], np.zeros(len(lp2.lb) - n1, dtype=basis1[0].dtype)])
+    cols = np.where(cols == BASIC, BASIC, np.where(np.isfinite(lp2.lb), AT_LOWER, FREE))
+    return cols, basis1[1].copy()

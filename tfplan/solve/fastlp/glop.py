@@ -35,6 +35,7 @@ LENIENT = " change_status_to_imprecise: false"  # a tied LP only needs a feasibl
 WARM_PARAMS = PLAN_PARAMS + LENIENT  # phase 3 from phase 2's basis: no presolve (GLOP needs that to use a basis)
 CARRIED_PARAMS = "use_preprocessing: false use_dual_simplex: true" + LENIENT  # Note [warm margins] (phases)
 DUAL_WARM_PARAMS = CARRIED_PARAMS  # phase 3's tied dual from phase 2's (Note [warm phase 3] in phases)
+HANDED_DUAL_PARAMS = "use_preprocessing: false" + LENIENT  # phase 2's from the goodput certificate's (goodput.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,24 @@ Note [goodput certificate]
   prices (their duals sigma_s = lam lambda_s). y: the tied dual of phase 1 (tfplan.solve.fastlp.dual) with its
   cap prices fixed at lambda, so that L0 reaches T*(m_t) when the ties hold. G_ub <= G_t (1 + CERT_TOL)
   certifies m_t; the plan records G_ub as its bound.
+
+Note [goodput handover]
+  The plan's LP at the optimum's means (Note [goodput LP]) begins where the search ends: phase 1 there is the
+  certificate's (its tied dual certifies the makespan of the search's point at those caps), and phases 2-3
+  start at the compression the search used (both take Margins.start(2)). So the search hands over, besides
+  phase 1 (fastlp.solve's `makespan`), two bases at its compression from which phase 2's first round starts
+  instead of from scratch (`handover`, rounds.Handover):
+    * the tied primal's: the last LP's basis cut down to tied_primal's columns and rows (GoodputLP.phase2_basis),
+      a vertex of the makespan LP at those means, so primal feasible for phase 2 (T = T1, every stage at its
+      cap): the primal simplex moves it to the least freezing in a few dozen pivots;
+    * the tied dual's: the certificate's (phase 1 at those caps, prices fixed), with phase 2's theta column
+      nonbasic and the prices free again (dual.phase2_dual_basis), solved by the primal simplex.
+  Phase 3 then starts from phase 2's bases (Note [warm phase 3] in tfplan.solve.fastlp.phases), which are
+  now nearer phase 3's: its warm tied dual finishes within its head start. A basis only starts GLOP: where
+  it fails, or the plan's margins differ from the search's, the round solves from scratch as before, and
+  the bounds U and L certify phase 2 as in any round. Measured (uniform 1F1B 32 x 512, noise 20,000 tokens,
+  one run each on a shared machine): phase 2's tied primal 61 pivots (0.09 s) against 10,076 (1.7 s) from
+  scratch, its tied dual 0.34 s against 0.77 s, phase 3's warm tied dual 2,632 pivots against 6,249.
 """
 
 from __future__ import annotations
@@ -50,16 +68,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from ortools.linear_solver import pywraplp
 
 from tfplan.cost.goodput import NoiseModel, progress
 from tfplan.errors import TfplanError
 from tfplan.solve.fastlp.bound import from_tied_dual, safe_lower_bound
 from tfplan.solve.fastlp.dual import dual_layout, tied_dual
-from tfplan.solve.fastlp.glop import load, solve_lp
+from tfplan.solve.fastlp.glop import solve_lp
+from tfplan.solve.fastlp.goodput_lp import GoodputLP
 from tfplan.solve.fastlp.graph import GraphArrays, Runs
 from tfplan.solve.fastlp.margins import Margins
-from tfplan.solve.fastlp.tied import INF, Compressed, Phase, SparseLP, tied_primal
+from tfplan.solve.fastlp.rounds import Handover
+from tfplan.solve.fastlp.tied import Compressed, Phase
 from tfplan.solve.lp import GAP_TOL, OPTIMAL, PHASE_NAMES, Deadline, PhaseResult, TimeLimitReached
 from tfplan.step.dag import Dag
 from tfplan.step.simulate import simulate
@@ -72,14 +91,6 @@ satisfied to about 1e-9, below which no cut moves the optimum."""
 CERT_TOL = 1e-7
 """A tied optimum whose goodput is within this (relative) of the certificate's bound is accepted (Note
 [goodput certificate]): the bound is a dual value, off by GLOP's tolerances on the prices."""
-WARM_PARAMS = "use_preprocessing: false use_dual_simplex: true primal_feasibility_tolerance: 1e-10"
-PRIMAL_PARAMS = "use_preprocessing: false primal_feasibility_tolerance: 1e-10"
-"""Note [warm goodput LP]: GLOP re-solves each LP from the last basis only without presolve. A cut is a new
-row, which keeps the basis dual feasible: the dual simplex absorbs it in a few pivots. A new lam changes the
-objective only, which keeps it primal feasible: the primal simplex. Measured on the full LP of 1F1B 16 x 128
-(25 solves): 5.6 s with the dual simplex throughout, against 24 s with presolve (each solve from scratch)
-and 18 s with the primal simplex throughout; the primal simplex after a new lam then took the compressed
-1F1B 32 x 512 from 2.4 s to 2.1 s (docs/cost-model.md)."""
 TANGENTS = 16
 """The search starts with tangents at 17 evenly spaced means per stage: fewer cuts, and a cheaper first
 solve, than 3 (compressed 1F1B 32 x 512: 2.4 s against 4.0 s; 32 or 64 no faster, docs/cost-model.md)."""
@@ -111,6 +122,9 @@ class GoodputSolution:
     makespan: PhaseResult | None = None
     """Phase 1 of the plan's LP at caps `means`, certified by the tied path (Note [goodput certificate]), so
     that the plan need not solve it again (fastlp.solve's `makespan`); None otherwise."""
+    handover: Handover | None = None
+    """Bases at the search's compression to start phase 2 of the plan's LP from (Note [goodput handover];
+    fastlp.solve's `handover`), with `makespan`; None otherwise."""
 
     @property
     def pays(self) -> bool:
@@ -184,7 +198,8 @@ def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_toke
         while True:
             c = margins.compressed(margin)
             best.pop("makespan", None)  # certified for an earlier compression's means
-            model = _Model(c, Phase(number=1, caps=cap_arr, t_max=unfrozen.makespan_ms))
+            best.pop("dual", None)
+            model = GoodputLP(c, Phase(number=1, caps=cap_arr, t_max=unfrozen.makespan_ms))
             columns, compressions = model.columns, compressions + 1
             for s, cap in enumerate(caps):
                 for m in {cap * k / TANGENTS for k in range(TANGENTS + 1)}:
@@ -206,14 +221,18 @@ def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_toke
         log.warning("--objective goodput: the time limit stopped the goodput search after %d LP solves; the plan "
                     "is the best found, not certified optimal", best["solves"])
     p0 = prog.p0
+    handover = None
+    if certified and "makespan" in best:  # Note [goodput handover]
+        handover = Handover(margin=margin, primal=model.phase2_basis(), dual=best["dual"])
     return GoodputSolution(means=best["means"], goodput=best["goodput"] * p0,
                            unfrozen_goodput=p0 / unfrozen.batch_time_ms,
                            bound=bound * p0, lp_solves=best["solves"], dinkelbach_steps=best["steps"],
                            wall_s=time.perf_counter() - start, certified=certified, lp_columns=columns,
-                           makespan=best.get("makespan") if certified else None, compressions=compressions)
+                           makespan=best.get("makespan") if certified else None, compressions=compressions,
+                           handover=handover)
 
 
-def _dinkelbach(model: _Model, prog: _Progress, overhead: float, best: dict, deadline: Deadline) -> None:
+def _dinkelbach(model: GoodputLP, prog: _Progress, overhead: float, best: dict, deadline: Deadline) -> None:
     """Dinkelbach steps, each solved by Kelley's cuts (Note [goodput LP]); `best` holds lam, the best plan's
     means and goodput, the last subproblem bound U, t_min and the counts, updated as it goes (so that a time
     limit leaves the best found)."""
@@ -245,7 +264,7 @@ def _dinkelbach(model: _Model, prog: _Progress, overhead: float, best: dict, dea
         lam = goodput
 
 
-def _certificate(c: Compressed, model: _Model, prog: _Progress, caps: np.ndarray, best: dict, t_max: float,
+def _certificate(c: Compressed, model: GoodputLP, prog: _Progress, caps: np.ndarray, best: dict, t_max: float,
                  overhead: float, deadline: Deadline) -> float:
     """G_ub of Note [goodput certificate] (relative progress per ms); inf when the tied dual fails."""
     prices = model.cap_prices(best["lam"])
@@ -257,7 +276,7 @@ def _certificate(c: Compressed, model: _Model, prog: _Progress, caps: np.ndarray
     dual = tied_dual(c, phase)
     cols = dual_layout(c, phase)["lambda"]
     dual.lb[cols] = dual.ub[cols] = prices[c.stages]
-    got = solve_lp(dual, True, deadline)
+    got = solve_lp(dual, True, deadline, basis=True)  # (its basis starts phase 2's tied dual: [goodput handover])
     if got is None:
         if deadline.expired():
             raise TimeLimitReached("--time-limit: the goodput certificate ran out of time")
@@ -266,6 +285,7 @@ def _certificate(c: Compressed, model: _Model, prog: _Progress, caps: np.ndarray
     if best["finish"] - low <= GAP_TOL * max(1.0, best["finish"]):  # phase 1 of the plan at caps m_t, certified
         best["makespan"] = PhaseResult(name=PHASE_NAMES[0], objective=max(best["finish"], low), status=OPTIMAL,
                                        iterations=got.iterations, wall_s=got.wall_s, gap=max(0.0, best["finish"] - low))
+        best["dual"] = got
     slope = prices * sizes  # lambda_s |A_s|
     base = low + float(slope @ means) + overhead  # L(m) + o = base - slope . m
 
@@ -283,85 +303,3 @@ def _certificate(c: Compressed, model: _Model, prog: _Progress, caps: np.ndarray
             return max(goodput, value)
         goodput = value
     return math.inf  # not converged: no bound (the last value is only a lower one)
-
-
-class _Model:
-    """fastlp's tied primal of phase 1 (Note [periodic compression]) with stage means m_s and progress
-    variables phi_s (Note [goodput LP]) in GLOP, re-solved warm as cuts and lam change."""
-
-    def __init__(self, c: Compressed, phase: Phase) -> None:
-        lp = tied_primal(c, phase)
-        num = len(phase.caps)
-        stages = c.stage_idx[c.r_stage]  # capped-stage index of each ratio column
-        first_r = len(c.free_nodes) + c.ties.num_runs  # tied_primal's columns: t, tau, r, T
-        m0, nrow = len(lp.obj), len(lp.row_lo)
-        cap_ub = np.zeros(num)
-        cap_ub[c.stages] = phase.caps[c.stages]  # a stage without a freeze group keeps m = 0
-        rows = nrow + np.arange(len(c.stages))  # |A_s| m_s - sum_{a in A_s} r_a = 0
-        extended = SparseLP(
-            obj=np.zeros(m0 + 2 * num), lb=np.concatenate([lp.lb, np.zeros(num), np.full(num, -INF)]),
-            ub=np.concatenate([lp.ub, cap_ub, np.ones(num)]),
-            ri=np.concatenate([lp.ri, rows, rows[stages]]),
-            ci=np.concatenate([lp.ci, m0 + c.stages, first_r + np.arange(len(c.r_nodes))]),
-            val=np.concatenate([lp.val, c.stage_size[c.stages].astype(np.float64), -c.weight]),
-            row_lo=np.concatenate([lp.row_lo, np.zeros(len(c.stages))]),
-            row_hi=np.concatenate([lp.row_hi, np.zeros(len(c.stages))]),
-        )
-        self.solver = load(extended)
-        self.columns = len(extended.obj)
-        variables = self.solver.variables()
-        self.T = variables[first_r + len(c.r_nodes)]
-        self.m = variables[m0: m0 + num]
-        self.phi = variables[m0 + num:]
-        constraints = self.solver.constraints()
-        caps = range(lp.blocks["cap"].start, lp.blocks["cap"].stop)
-        self.price_rows = {int(s): (constraints[int(r)], constraints[k]) for s, r, k in zip(c.stages, rows, caps)}
-        self.cuts: set[tuple[int, float]] = set()
-        self._lam: float | None = None
-
-    def add_cut(self, s: int, m: float, e: float, slope: float) -> bool:
-        """phi_s <= e + slope (m_s - m): a tangent of the concave e_s at m; False if already there."""
-        key = (s, round(m, 12))
-        if key in self.cuts:
-            return False
-        self.cuts.add(key)
-        row = self.solver.Constraint(-self.solver.infinity(), e - slope * m)
-        row.SetCoefficient(self.phi[s], 1.0)
-        row.SetCoefficient(self.m[s], -slope)
-        return True
-
-    def cap_prices(self, lam: float) -> np.ndarray:
-        """lambda_s, the makespan's price of stage s's summed ratios at the last solve (Note [goodput
-        certificate]): over lam, the dual of its mean row plus minus that of its cap row (the hard cap binds
-        on both, and GLOP may price either), >= 0."""
-        prices = np.zeros(len(self.m))
-        for s, (mean, cap) in self.price_rows.items():
-            prices[s] = max(0.0, (mean.dual_value() - cap.dual_value()) / lam)
-        return prices
-
-    def solve(self, lam: float, weights: Sequence[float], deadline: Deadline
-              ) -> tuple[float, list[float], list[float], float]:
-        """max sum_s w_s phi_s - lam T; returns (its value, the means, the phis, T). The overhead is the
-        caller's (a constant: it changes no optimum)."""
-        obj = self.solver.Objective()
-        obj.Clear()
-        obj.SetCoefficient(self.T, lam)
-        for phi, weight in zip(self.phi, weights):
-            obj.SetCoefficient(phi, -weight)
-        obj.SetMinimization()
-        # A new lam keeps the basis primal feasible, a new cut dual feasible (Note [warm goodput LP]).
-        new_lam = self._lam is not None and lam != self._lam
-        self._lam = lam
-        self.solver.SetSolverSpecificParametersAsString(PRIMAL_PARAMS if new_lam else WARM_PARAMS)
-        remaining = deadline.remaining()
-        if remaining <= 0.0:
-            raise TimeLimitReached(f"--time-limit: the goodput solve reached the limit of {deadline.limit_s:g} s")
-        if math.isfinite(remaining):
-            self.solver.SetTimeLimit(max(1, int(remaining * 1000)))
-        status = self.solver.Solve()
-        if status != pywraplp.Solver.OPTIMAL:
-            if deadline.expired():
-                raise TimeLimitReached(f"--time-limit: the goodput solve reached the limit of {deadline.limit_s:g} s")
-            raise TfplanError(f"--objective goodput: GLOP returned status {status} instead of OPTIMAL")
-        return (-obj.Value(), [min(1.0, max(0.0, m.solution_value())) for m in self.m],
-                [phi.solution_value() for phi in self.phi], self.T.solution_value())

@@ -109,7 +109,7 @@ SIM_TOL = 1.05e-9  # a plan's simulated makespan above T1 (1 + SIM_TOL) is re-so
 
 def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
           time_limit_s: float | None = None, *, first_margin: int = FIRST_MARGIN, margin: int | None = None,
-          makespan: PhaseResult | None = None) -> Solution:
+          makespan: PhaseResult | None = None, handover: rounds.Handover | None = None) -> Solution:
     """Solve the three-phase LP of tfplan.solve.lp exactly, compressing repeating micro-batches.
 
     Args:
@@ -124,6 +124,7 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
             time-aligned margins). Tests set them to force the margin to grow.
         makespan: phase 1's certified optimum at these caps, found by the caller (the goodput search, Note
             [goodput certificate] in tfplan.solve.fastlp.goodput): phase 1 is not solved again.
+        handover: with `makespan`, the bases phase 2 starts from (the goodput search's, Note [goodput handover]).
 
     Returns:
         A Solution with the same phase objectives as solver.solve (to the LP tolerance), backend "fastlp";
@@ -158,7 +159,8 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
         phase = Phase(number=2, caps=cap_arr, t_ub=t_ub, t_max=t_ub)
     outcomes: list[rounds.Outcome] = []
     while True:
-        outcome = rounds.certified(phase, margins, deadline, outcomes[-1] if outcomes else None)
+        handed = handover if makespan is not None and phase.number == 2 else None
+        outcome = rounds.certified(phase, margins, deadline, outcomes[-1] if outcomes else None, handed)
         if outcome is None:
             break
         outcomes.append(outcome)

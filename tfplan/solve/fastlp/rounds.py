@@ -38,8 +38,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from tfplan.errors import TfplanError
-from tfplan.solve.fastlp.dual import phase3_dual_basis, tied_dual
-from tfplan.solve.fastlp.glop import CARRIED_PARAMS, WARM_PARAMS, LPResult, Race, race, solve_lp, solve_warm
+from tfplan.solve.fastlp.dual import phase2_dual_basis, phase3_dual_basis, tied_dual
+from tfplan.solve.fastlp.glop import (
+    CARRIED_PARAMS,
+    HANDED_DUAL_PARAMS,
+    WARM_PARAMS,
+    LPResult,
+    Race,
+    race,
+    solve_lp,
+    solve_warm,
+)
 from tfplan.solve.fastlp.lower import dual_bound, lower_bound, tighter_bound
 from tfplan.solve.fastlp.margins import Margins
 from tfplan.solve.fastlp.tied import (
@@ -75,12 +84,28 @@ class Outcome:
     phase 3])."""
 
 
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """What the goodput search hands phase 2 of the plan's LP (Note [goodput handover] in
+    tfplan.solve.fastlp.goodput): bases at the compression of `margin` (Margins.current)."""
+
+    margin: tuple[np.ndarray, np.ndarray]
+    primal: tuple[np.ndarray, np.ndarray] | None
+    """A starting basis of phase 2's tied primal (LPResult.basis codes); None: from scratch."""
+    dual: LPResult | None
+    """Phase 1's tied dual there (the certificate's, with its basis); None: phase 2's tied dual from scratch."""
+
+    def fits(self, margin: tuple[np.ndarray, np.ndarray] | None) -> bool:
+        return margin is not None and all(np.array_equal(a, b) for a, b in zip(self.margin, margin))
+
+
 def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, number: int, deadline: Deadline,
-                  warm: tuple[np.ndarray, np.ndarray] | None = None):
+                  warm: tuple[np.ndarray, np.ndarray] | None = None, handed: bool = False):
     """Start the tied primal's solve (Note [LP tolerance]): the dual simplex in phase 2 (keeping its basis for
-    phase 3), from `warm` when it is given (the last margin's point, Note [warm margins]), the primal simplex in
-    phase 1, and in phase 3 the primal simplex from `warm`, phase 2's basis (Note [warm phase 3]), or without
-    it both simplexes in a race (the first to finish interrupts the other). Returns the futures."""
+    phase 3), from `warm` when it is given (the last margin's point, Note [warm margins]; or, `handed`, the goodput
+    search's basis, by the primal simplex: Note [goodput handover]), the primal simplex in phase 1, and in
+    phase 3 the primal simplex from `warm`, phase 2's basis (Note [warm phase 3]), or without it both simplexes
+    in a race (the first to finish interrupts the other). Returns the futures."""
     def cold() -> LPResult | None:
         if number == 3:
             return race(primal, exact, deadline)
@@ -90,7 +115,7 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
         def warm_job() -> LPResult | None:
             limit = None if deadline.limit_s is None else deadline.remaining()
             if number == 2:
-                result = solve_warm(primal, warm, CARRIED_PARAMS, limit, final_basis=True)
+                result = solve_warm(primal, warm, WARM_PARAMS if handed else CARRIED_PARAMS, limit, final_basis=True)
             else:
                 result = solve_warm(primal, warm, WARM_PARAMS, limit)
             # A basis GLOP cannot use (or a failed solve): the solve from scratch, as without a basis.
@@ -100,9 +125,11 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
     return [pool.submit(cold)]
 
 
-def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcome | None = None) -> Outcome | None:
+def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcome | None = None,
+              handover: Handover | None = None) -> Outcome | None:
     """Solve one phase: tied primal and tied dual in two threads, growing their margins (Note [two margins] in
-    tfplan.solve.fastlp.margins) until U - L <= lp.gap_tol(phase) max(1, |U|).
+    tfplan.solve.fastlp.margins) until U - L <= lp.gap_tol(phase) max(1, |U|). `before`: the phase before (phase
+    3 starts from its bases); `handover`: phase 2's first round starts from it (Note [goodput handover]).
 
     The phase value carried on is max(U, L): U may be off by GLOP's tolerance, and a value below the true
     optimum would make the next phase infeasible. Out of time (or untied and still short of the bound), the
@@ -133,12 +160,16 @@ def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcom
                 exact = c.ties.num_tied == 0  # the tied primal is then the full LP
                 primal = tied_primal(c, phase)
                 warm = None  # Note [warm phase 3]; untied, the primal certifies itself with row duals, which it lacks
-                if phase.number == 3 and not exact and before is not None and before.c is c:
+                handed = phase.number == 2 and not exact and handover is not None and carried is None \
+                    and handover.primal is not None and handover.fits(margin)
+                if handed:
+                    warm = handover.primal  # Note [goodput handover]
+                elif phase.number == 3 and not exact and before is not None and before.c is c:
                     if before.upper.basis is not None:
                         warm = phase3_basis(c, before.primal, primal, before.upper.x, before.upper.basis)
                 elif phase.number == 2 and not exact and carried is not None and carried[1] is not c:
                     warm = basis_of_point(primal, carried_point(carried[1], carried[0].x, c))  # [warm margins]
-                upper_jobs = _submit_upper(pool, primal, exact, phase.number, deadline, warm)
+                upper_jobs = _submit_upper(pool, primal, exact, phase.number, deadline, warm, handed)
             c_dual = c if exact else margins.compressed(margins.dual)
             cut = False  # Note [unneeded duals]
             if exact:
@@ -149,6 +180,9 @@ def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcom
                         and before.dual[1].basis is not None \
                         and all(np.array_equal(a, b) for a, b in zip(before.dual[0], margins.dual)):
                     dual_warm = before.dual[1]
+                if phase.number == 2 and handover is not None and handover.dual is not None and not rounds \
+                        and handover.dual.basis is not None and handover.fits(margins.dual):
+                    dual_warm = handover.dual  # Note [goodput handover]
                 stop = Race()
                 dual_job = pool.submit(_lower_side, c_dual, phase, margins, deadline, dual_warm,
                                        upper_jobs if solve_p else [], stop)
@@ -249,14 +283,21 @@ def _lower_side(c: Compressed, phase: Phase, margins: Margins, deadline: Deadlin
     """A phase's tied dual at `c`, solved and turned into its safe bound (lower.dual_bound), in a worker thread
     beside the tied primal's `upper_jobs`; `stop` ends its solve (Note [unneeded duals]). Phase 3's is raced by
     both simplexes, as its primal (Note [LP tolerance]), after a head start from `warm`, phase 2's tied dual at
-    the same margin (Note [warm phase 3]). Returns the dual (None when stopped), its bound and its iterations."""
+    the same margin (Note [warm phase 3]); phase 2's starts from `warm`, the goodput certificate's, where given
+    (Note [goodput handover]). Returns the dual (None when stopped), its bound and its iterations."""
     dual_lp = tied_dual(c, phase)
     if phase.number == 3:
         basis = None if warm is None else phase3_dual_basis(warm.basis, dual_lp)
         head_start = 0.0 if basis is None else max(1.0, 0.5 * warm.wall_s)
         lower = race(dual_lp, False, deadline, basis, head_start, basis=True, within=stop)
     else:
-        lower = solve_lp(dual_lp, True, deadline, basis=True, race=stop)
+        lower = None
+        basis = None if warm is None else phase2_dual_basis(warm.basis, dual_lp)
+        if basis is not None:
+            limit = None if deadline.limit_s is None else deadline.remaining()
+            lower = solve_warm(dual_lp, basis, HANDED_DUAL_PARAMS, limit, final_basis=True, race=stop)
+        if lower is None and not stop.over:  # (a basis GLOP cannot use: from scratch)
+            lower = solve_lp(dual_lp, True, deadline, basis=True, race=stop)
     if stop.over:
         return None, -INF, 0 if lower is None else lower.iterations
     running = not all(job.done() for job in upper_jobs)
