@@ -1,6 +1,7 @@
 """The goodput search on fastlp's compressed LP (tfplan.solve.fastlp.goodput): the tied search against the full LP on
 every schedule with repeating micro-batches, the certificate against the makespan LP solved at other means, a
-margin too small caught by the certificate, and the plan reusing the certified makespan."""
+margin too small caught by the certificate, and the plan reusing the certified makespan and starting phase 2 from
+the search's bases."""
 
 from __future__ import annotations
 
@@ -108,3 +109,18 @@ def test_the_plan_reuses_the_certified_makespan():
         assert mine.objective == pytest.approx(theirs.objective, rel=1e-6)
     plan = job.solve_dag(dag, limits, backend="fastlp", anchor=False, makespan=got.makespan)
     assert plan.phases[0] is got.makespan
+
+
+@pytest.mark.parametrize(("p", "m", "seed"), [(3, 40, 5), (4, 64, 1), (8, 128, 3)])
+def test_phase_2_from_the_searchs_bases_finds_the_same_plan_in_fewer_pivots(p, m, seed):
+    # Note [goodput handover]: the bases only start GLOP; the phases' values are those solved from scratch.
+    dag, caps, noise, batch = _instance("1f1b", p, m, None, seed)
+    got = solve_goodput(dag, caps, noise, batch)
+    assert got.handover is not None and got.handover.primal is not None and got.handover.dual is not None
+    limits = [min(c, x) for c, x in zip(caps, got.means)]
+    fresh = fastlp.solve(dag, limits)
+    handed = fastlp.solve(dag, limits, makespan=got.makespan, handover=got.handover)
+    assert handed.status == "OPTIMAL"
+    for mine, theirs in zip(handed.phases, fresh.phases):
+        assert mine.objective == pytest.approx(theirs.objective, rel=1e-7)
+    assert handed.phases[1].iterations < fresh.phases[1].iterations
