@@ -195,6 +195,12 @@ def make_stage(module: nn.Module, stage_index: int, num_stages: int, device: tor
                          timer=timer, state=state, method=method, autocast=autocast)
 
 
+def backward_microbatch(stage) -> int | None:
+    """The micro-batch whose backward (B, I or W) a hooked `stage` runs now, or ran last; None before any
+    (tfrun.freeze.noise_perseq keys its per-sequence values by it)."""
+    return getattr(stage, "_bwd_mb", None)
+
+
 def _restricted_backward(bwd_kwargs: dict, params: Sequence[torch.Tensor]) -> tuple:
     """A full backward that computes gradients only for the stage inputs and `params` (accumulated into
     .grad); returns the input gradients like torch's stage_backward."""

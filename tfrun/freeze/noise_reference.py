@@ -58,13 +58,15 @@ def exact(stages: dict[int, nn.Module], loss_fn, inputs: torch.Tensor, targets: 
 
 
 def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: int, num_microbatches: int,
-                      estimators: tuple[str, ...], window: int = 8) -> dict[str, list[dict[int, float | None]]]:
+                      estimators: tuple[str, ...], window: int = 8,
+                      measure: str = "microbatch") -> dict[str, list[dict[int, float | None]]]:
     """Estimator -> per measured step, stage -> the pipeline's NoiseMeter estimate (tokens), at these fixed
     weights: `steps` batches of `batches` (tfrun.data.Batches), each as `num_microbatches` micro-batches. One
-    meter per estimator, all fed by the same backward passes."""
+    meter per estimator, all fed by the same backward passes; `measure`: its small batch (tfrun.freeze.noise
+    Note [noise measure])."""
     meters = {e: NoiseMeter(stages, {s: candidates(m) for s, m in stages.items()}, num_microbatches=num_microbatches,
                             microbatch_tokens=batches.global_batch // num_microbatches * batches.seq_len, every=1,
-                            estimator=e, window=window) for e in estimators}
+                            estimator=e, window=window, measure=measure) for e in estimators}
     params = [p for m in stages.values() for p in m.parameters()]
     out: dict[str, list] = {e: [] for e in estimators}
     try:
