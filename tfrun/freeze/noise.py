@@ -27,8 +27,9 @@ Note [noise measure]: `--noise-measure` says what the small batch is, separately
               gradient of sequence i's mean token loss (tfrun.freeze.noise_perseq Note [per-sequence norms]);
               B_big and G_step as above. S depends only on the step's sequences, not on how micro-batches and
               replicas group them, so --dp 1 and --dp 2 on the same data give the same estimate, and it is the
-              quantity tfrun.freeze.noise_reference's definition averages. A tensor without a per-sequence value
-              in some micro-batch that reached it (a module kind noise_perseq does not know, a tied tensor) is
+              quantity tfrun.freeze.noise_reference's definition averages. S comes from a subset of the
+              micro-batches (noise_perseq Note [sequence subset]). A tensor with fewer than two sequences' norms
+              in a step (a module kind noise_perseq does not know, a tied tensor, or frozen in the subset) is
               measured per micro-batch that step, as under `microbatch`.
 """
 
@@ -143,8 +144,8 @@ class NoiseMeter:
             b_small, b_big = float(self.b_small), n_safe * self.b_small
             gsq = torch.where(usable, (b_big * g_step - b_small * small) / (b_big - b_small), torch.zeros_like(n))
             trace = torch.where(usable, (small - g_step) / (1 / b_small - 1 / b_big), torch.zeros_like(n))
-            if self.sequences is not None:  # Note [noise measure]: where every micro-batch gave its sequences' norms
-                per_seq = self.sequences.measured[s].to(n.device) & (seq[2] == n) & (n >= 1) & (seq[1] >= 2)
+            if self.sequences is not None:  # Note [noise measure]: where two sequences gave their norms
+                per_seq = self.sequences.measured[s].to(n.device) & (n >= 1) & (seq[1] >= 2)
                 count = torch.where(per_seq, seq[1], torch.full_like(n, 2.0))
                 mean_sq = seq[0] / count
                 b_seq = b_big / count  # tokens of one sequence: B_big is the count's sequences

@@ -9,7 +9,10 @@ go_i = dL/dy_i = (1/b) dL_i/dy_i, and g_i = b x (sequence i's share of the weigh
 Per module kind, from its forward input x and go, without a per-sequence gradient where that is cheaper:
   nn.Linear     g_i = b sum_t go_t x_t^T (d_out x d_in). Either materialised one sequence at a time
                 (T d_in d_out multiply-adds) or |.|^2 = sum_{t,t'} (x_t.x_t') (go_t.go_t') from the two
-                (T x T) Gram matrices (T^2 (d_in + d_out)), whichever is fewer; bias: b sum_t go_t.
+                (T x T) Gram matrices (T^2 (d_in + d_out)), whichever is fewer; the input's Gram matrix is
+                computed once for the layers that read the same tensor (wq, wk, wv; w1, w3). Bias: b sum_t go_t.
+                Either way about as many multiply-adds as the weight gradient itself (T ~ d), so a measured
+                micro-batch's backward costs about a third more (docs/cost-model.md, "Which noise estimator").
   nn.Embedding  g_i = b x (go_t summed into its token's row): the rows of (sequence, token id) pairs, summed
                 with one index_add over the micro-batch; no (V x d) matrix per sequence.
   RMSNorm       g_i = b sum_t go_t * xhat_t (d), xhat = x / rms(x) recomputed from the input with the
@@ -28,6 +31,13 @@ no gradient, so its waiting value is never counted and is dropped at the step's 
 forward is skipped at once. The micro-batch is the stage's backward micro-batch (`microbatch_of`); without
 one (a single process running each backward to the end) the key is None. Hooks do nothing on steps that are
 not measured.
+
+Note [sequence subset]: a measured micro-batch's norms cost about a third of its forward and backward (the
+linear layers' norms take as many multiply-adds as their weight gradients), so a step measured on all its
+micro-batches costs about 30% more, 6% of the run at --noise-every 5 (docs/cost-model.md, "Which noise
+estimator"). Only every MICROBATCH_STRIDE-th micro-batch (by index) gives its sequences' norms; S is their
+mean, still an unbiased |G|^2 + tr(Sigma) / B_small, and G_step keeps every micro-batch. Micro-batch i holds
+the same sequences whatever --dp is (tfrun.distributed.rank.replica_rows), so the subset is too.
 """
 
 from __future__ import annotations
@@ -39,17 +49,41 @@ from torch import nn
 
 from tfrun.models.llama import RMSNorm
 
+MICROBATCH_STRIDE = 2
+"""Per-sequence norms of micro-batches 0, 2, 4, ... of a measured step only (all where the micro-batch is not known):
+half the cost, from half the sequences (Note [sequence subset])."""
 
-def linear_sq(x: torch.Tensor, go: torch.Tensor, bias: bool) -> list[torch.Tensor]:
+
+class SharedInput:
+    """One module input, (b, ..., d_in), and the Gram matrices of its sequences, (b, T, T), computed once for all
+    the linear layers that read it (attention's wq, wk and wv; the MLP's w1 and w3)."""
+
+    __slots__ = ("x", "readers", "gram")
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x, self.readers, self.gram = x, 1, None
+
+    def x_gram(self) -> torch.Tensor:
+        if self.gram is None:
+            x = _wide(self.x).reshape(self.x.shape[0], -1, self.x.shape[-1])
+            self.gram = x @ x.transpose(1, 2)
+        return self.gram
+
+
+def linear_sq(shared: SharedInput, go: torch.Tensor, bias: bool) -> list[torch.Tensor]:
     """Sum over sequences of |sum_t go_t x_t^T|^2 (and of |sum_t go_t|^2 with a bias), float64 scalars; x (b, ...,
-    d_in), go (b, ..., d_out): the per-sequence pieces of the weight gradient (times b for g_i; Note [per-sequence
-    norms])."""
+    d_in) the shared input, go (b, ..., d_out): the per-sequence pieces of the weight gradient (times b for g_i;
+    Note [per-sequence norms]). Multiply-adds: materialised T d_in d_out a sequence; from Gram matrices
+    T^2 (d_out + d_in / its readers), or T^2 d_out once another reader has computed the input's."""
+    x = shared.x
     b, d_in, d_out = x.shape[0], x.shape[-1], go.shape[-1]
-    x, go = _wide(x).reshape(b, -1, d_in), _wide(go).reshape(b, -1, d_out)
-    t = x.shape[1]
-    if t * (d_in + d_out) < d_in * d_out:  # the two Gram matrices are cheaper than the gradient itself
-        weight = ((x @ x.transpose(1, 2)) * (go @ go.transpose(1, 2))).sum(dtype=torch.float64)
+    go = _wide(go).reshape(b, -1, d_out)
+    t = go.shape[1]
+    share = 0 if shared.gram is not None else d_in / shared.readers
+    if t * (d_out + share) < d_in * d_out:  # the Gram matrices are cheaper than the gradient itself
+        weight = (shared.x_gram() * (go @ go.transpose(1, 2))).sum(dtype=torch.float64)
     else:  # one sequence at a time: memory of one gradient, not b
+        x = _wide(x).reshape(b, -1, d_in)
         weight = sum((go[i].T @ x[i]).square().sum(dtype=torch.float64) for i in range(b))
     out = [weight]
     if bias:
@@ -99,14 +133,19 @@ class SequenceNorms:
     """Note [per-sequence norms] for one rank's stages: `take` hands a tensor's per-sequence value to its gradient
     hook. Only stages and tensors named in `names` (a stage's trainable tensors, in tfrun.freeze.noise's order)."""
 
-    def __init__(self, modules: dict[int, nn.Module], names: dict[int, list[str]]) -> None:
+    def __init__(self, modules: dict[int, nn.Module], names: dict[int, list[str]],
+                 stride: int = MICROBATCH_STRIDE) -> None:
         self.active = False
+        self.stride = stride
+        """Norms of micro-batches stride x k only (Note [sequence subset])."""
         self.microbatch_of: dict[int, Callable[[], object]] = {}
         """Stage -> the micro-batch its backward is running (set by tfrun.distributed.rank); absent: None."""
         self.measured: dict[int, torch.Tensor] = {}
         """Stage -> per tensor, whether it has a per-sequence value (bool); the others are measured per micro-batch."""
         self._pending: dict[tuple[int, int, object], tuple[torch.Tensor, int]] = {}
         """(stage, tensor, micro-batch) -> (sum over its sequences of |g_i|^2, float64; sequences), until taken."""
+        self._last: tuple[torch.Tensor, SharedInput] | None = None
+        """The last linear layer's input (the tensor itself, to recognise the next reader) and its SharedInput."""
         self._handles = []
         for s, module in modules.items():
             index = {name: i for i, name in enumerate(names[s])}
@@ -137,16 +176,26 @@ class SequenceNorms:
             live = [(attr, i) for attr, i in entries if getattr(mod, attr).requires_grad]  # detached: frozen here
             if not live:
                 return
-            x = args[0].detach()
+            if kind == "linear":  # the layers reading one tensor share its Gram matrices
+                if self._last is not None and self._last[0] is args[0]:
+                    x = self._last[1]
+                    x.readers += 1
+                else:
+                    x = SharedInput(args[0].detach())
+                    self._last = (args[0], x)
+            else:
+                x = args[0].detach()
             fired = [False]
 
             def on_grad(go: torch.Tensor) -> None:
                 if fired[0]:  # a split W running this node again (Note [per-sequence norms])
                     return
                 fired[0] = True
+                key = self.microbatch_of[stage]() if stage in self.microbatch_of else None
+                if key is not None and key % self.stride:  # Note [sequence subset]
+                    return
                 values = self._values(kind, mod, x, go.detach(), [attr for attr, _ in live])
                 b = go.shape[0]
-                key = self.microbatch_of[stage]() if stage in self.microbatch_of else None
                 for (_, i), value in zip(live, values):
                     self._pending[(stage, i, key)] = (value * (b * b), b)  # g_i = b x its piece
 
@@ -155,7 +204,7 @@ class SequenceNorms:
         return hook
 
     @staticmethod
-    def _values(kind: str, mod: nn.Module, x: torch.Tensor, go: torch.Tensor, attrs: list[str]) -> list[torch.Tensor]:
+    def _values(kind: str, mod: nn.Module, x, go: torch.Tensor, attrs: list[str]) -> list[torch.Tensor]:
         with torch.no_grad():
             if kind == "linear":
                 weight_and_bias = linear_sq(x, go, bias=mod.bias is not None)
@@ -172,6 +221,7 @@ class SequenceNorms:
     def clear(self) -> None:
         """Drop values no gradient took (tensors frozen in their micro-batch)."""
         self._pending.clear()
+        self._last = None
 
     def close(self) -> None:
         for handle in self._handles:

@@ -69,12 +69,17 @@ def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: 
                             estimator=e, window=window, measure=measure) for e in estimators}
     params = [p for m in stages.values() for p in m.parameters()]
     out: dict[str, list] = {e: [] for e in estimators}
+    current = [0]  # the micro-batch in backward, as a pipeline stage tells it (noise_perseq Note [sequence subset])
+    for meter in meters.values():
+        if meter.sequences is not None:
+            meter.sequences.microbatch_of.update({s: lambda: current[0] for s in stages})
     try:
         for step in range(steps):
             x, y = batches.batch_at(step)
             for meter in meters.values():
                 meter.begin_step(step)
-            for xs, ys in zip(x.chunk(num_microbatches), y.chunk(num_microbatches)):
+            for k, (xs, ys) in enumerate(zip(x.chunk(num_microbatches), y.chunk(num_microbatches))):
+                current[0] = k
                 loss_fn(_chain(stages, xs), ys).backward()  # the hooks see each micro-batch's own gradient
             for p in params:  # .grad = their mean, as the runtime's scale_grads leaves it
                 if p.grad is not None:

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from tfrun.freeze.candidates import candidates  # noqa: E402
 from tfrun.freeze.noise import NoiseMeter  # noqa: E402
-from tfrun.freeze.noise_perseq import SequenceNorms, embedding_sq, linear_sq  # noqa: E402
+from tfrun.freeze.noise_perseq import SequenceNorms, SharedInput, embedding_sq, linear_sq  # noqa: E402
 from tfrun.models import MODELS, build_stage, loss_fn  # noqa: E402
 
 B, T = 3, 16
@@ -70,12 +70,15 @@ def test_hooks_equal_explicit_per_sequence_backward_passes(dtype, rel) -> None:
 def test_linear_bias_gram_path_and_padding_rows() -> None:
     gen = torch.Generator().manual_seed(1)
     for t in (2, 64):  # 2 x 70 < 1200: Gram matrices; 64 x 70 > 1200: materialised
-        x = torch.randn(3, t, 40, generator=gen, dtype=torch.float64)
-        go = torch.randn(3, t, 30, generator=gen, dtype=torch.float64)
-        weight, bias = linear_sq(x, go, bias=True)
-        explicit = sum(float((go[i].T @ x[i]).square().sum()) for i in range(3))
-        assert float(weight) == pytest.approx(explicit, rel=1e-12)
-        assert float(bias) == pytest.approx(float(go.sum(1).square().sum()), rel=1e-12)
+        x = SharedInput(torch.randn(3, t, 40, generator=gen, dtype=torch.float64))
+        x.readers = 2  # two layers read it: the second reuses the first's Gram matrix (t = 2)
+        for _ in range(2):
+            go = torch.randn(3, t, 30, generator=gen, dtype=torch.float64)
+            weight, bias = linear_sq(x, go, bias=True)
+            explicit = sum(float((go[i].T @ x.x[i]).square().sum()) for i in range(3))
+            assert float(weight) == pytest.approx(explicit, rel=1e-12)
+            assert float(bias) == pytest.approx(float(go.sum(1).square().sum()), rel=1e-12)
+        assert (x.gram is not None) == (t == 2)
     ids = torch.tensor([[1, 2, 1, 0], [3, 3, 0, 0]])
     go = torch.randn(2, 4, 5, generator=gen, dtype=torch.float64)
     rows = torch.zeros(2, 6, 5, dtype=torch.float64)
@@ -86,10 +89,12 @@ def test_linear_bias_gram_path_and_padding_rows() -> None:
     assert float(embedding_sq(ids, go, 6, 0)) == pytest.approx(float(rows.square().sum()), rel=1e-12)
 
 
-def test_split_backward_and_frozen_microbatches_count_what_reached_each_tensor() -> None:
+@pytest.mark.parametrize("stride", [1, 2])
+def test_split_backward_and_frozen_microbatches_count_what_reached_each_tensor(stride: int) -> None:
     # Stage 1 of the tiny model as a pipeline stage runs it: I of micro-batches 0 and 1 (input gradients only),
     # then W of 1 and of 0 (torch.distributed.pipelining._backward). In micro-batch 1, layers.2.attn.wq.weight is
-    # detached in the forward and layers.2.mlp.w1.weight left out of the backward (Note [freeze methods]).
+    # detached in the forward and layers.2.mlp.w1.weight left out of the backward (Note [freeze methods]). With
+    # stride 2 (the default, Note [sequence subset]) only micro-batch 0 gives per-sequence norms.
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
     stage = _stages()[1]
@@ -97,36 +102,39 @@ def test_split_backward_and_frozen_microbatches_count_what_reached_each_tensor()
     names = [c.name for c in candidates(stage)]
     meter = NoiseMeter({1: stage}, {1: candidates(stage)}, num_microbatches=2, microbatch_tokens=B * T, every=1,
                        measure="sequence")
+    meter.sequences.stride = stride
     current = {"mb": None}
     meter.sequences.microbatch_of[1] = lambda: current["mb"]
-    detached, left_out = "layers.2.attn.wq.weight", "layers.2.mlp.w1.weight"
+    frozen = ("layers.2.attn.wq.weight", "layers.2.mlp.w1.weight")  # (detached, left out) in micro-batch 1
     gen = torch.Generator().manual_seed(2)
     xs = [torch.randn(B, T, 256, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)]
     ys = [_batch(seed=k)[1] for k in range(2)]
-    # explicit per-sequence gradients of both micro-batches, less the frozen ones of micro-batch 1 (computed before
-    # the step is measured)
+    # explicit per-sequence gradients of the micro-batches with norms, less the frozen ones of micro-batch 1
+    # (computed before the step is measured)
     expected = dict.fromkeys(names, 0.0)
-    for k in range(2):
+    for k in range(0, 2, stride):
         for j in range(B):
             grads = torch.autograd.grad(loss_fn(stage(xs[k][j:j + 1]), ys[k][j:j + 1]), list(params.values()))
             for n, g in zip(params, grads):
-                if k == 0 or n not in (detached, left_out):
+                if k == 0 or n not in frozen:
                     expected[n] += float(g.square().sum())
     meter.begin_step(0)
     saved = []
     for k in range(2):
         current["mb"] = k
-        swap = {detached: params[detached].detach()} if k == 1 else {}
+        swap = {frozen[0]: params[frozen[0]].detach()} if k == 1 else {}
         loss = loss_fn(torch.func.functional_call(stage, swap, (xs[k],)), ys[k])
-        weights = [p for n, p in params.items() if k == 0 or n not in (detached, left_out)]
+        weights = [p for n, p in params.items() if k == 0 or n not in frozen]
         saved.append((stage_backward_input([loss], None, [xs[k]], iter(weights))[1], weights))
     for k in (1, 0):
         current["mb"] = k
         stage_backward_weight(iter(saved[k][1]), saved[k][0])
     seq = meter._seq[1]
     for i, n in enumerate(names):
-        reached = 1 if n in (detached, left_out) else 2
-        assert int(meter._n[1][i]) == reached and int(seq[2, i]) == reached and int(seq[1, i]) == reached * B, n
+        reached = 1 if n in frozen else 2
+        with_norms = 1 if n in frozen or stride == 2 else 2
+        assert int(meter._n[1][i]) == reached and int(seq[2, i]) == with_norms, n
+        assert int(seq[1, i]) == with_norms * B, n
         assert float(seq[0, i]) == pytest.approx(expected[n], rel=1e-6), n
     assert meter.after_reduce({1: stage}) and meter.stage_estimates()[1][0] != 0
     meter.close()
