@@ -6,6 +6,10 @@ run's OUT/config.toml, which wins over the option's default. The files are read 
 set the command's default map before the other options are parsed (so a flag given explicitly always wins); a
 file that cannot be used is kept as an error and raised by the command as one line (exit 1), after parsing.
 
+Note [resumed data]: --data, --tokenizer and --token-dtype describe one data source together. A resume that
+names other data (on the command line or in --config) does not inherit the resumed run's --tokenizer or
+--token-dtype: a text run resumed on its own token cache (a .bin) must not carry the tokenizer that made it.
+
     # run.toml
     lr = 2e-5
     lr-schedule = "cosine"
