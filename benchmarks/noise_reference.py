@@ -2,9 +2,9 @@
 model at fixed weights from per-sequence gradients (tfrun.freeze.noise_reference Note [exact noise scale]: several
 hundred sequences, unbiased tr(Sigma) and |G|^2), against what the pipeline's own NoiseMeter measures at the
 same weights with each `--noise-estimator` and `--noise-measure` (steps of fresh batches, 8 micro-batches of 4 x
-128 tokens, the weights unchanged). At initialisation and after training, on two corpora (the default one and the standard library's
-source). The pipeline's figure is the median over the measured steps of the smoothed estimate, as summary.json
-and the profile's noise section report it, and the last step's.
+128 tokens, the weights unchanged). At initialisation and after training, on two corpora (the default one and the
+standard library's source). The pipeline's figure is the median over the measured steps of the smoothed estimate,
+as summary.json and the profile's noise section report it, and the last step's.
 
     python benchmarks/noise_reference.py                     # about 6 minutes on 2 CPU cores
     python benchmarks/noise_reference.py --sequences 128 --train-steps 20 --corpora default
