@@ -29,8 +29,8 @@ Note [noise measure]: `--noise-measure` says what the small batch is, separately
               replicas group them, so --dp 1 and --dp 2 on the same data give the same estimate, and it is the
               quantity tfrun.freeze.noise_reference's definition averages. S comes from a subset of the
               micro-batches (noise_perseq Note [sequence subset]). A tensor with fewer than two sequences' norms
-              in a step (a module kind noise_perseq does not know, a tied tensor, or frozen in the subset) is
-              measured per micro-batch that step, as under `microbatch`.
+              in a step (a module kind noise_perseq does not know, a tied tensor, micro-batches of one
+              sequence) is measured per micro-batch that step, as under `microbatch`.
 """
 
 from __future__ import annotations

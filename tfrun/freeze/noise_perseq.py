@@ -35,9 +35,12 @@ not measured.
 Note [sequence subset]: a measured micro-batch's norms cost about a third of its forward and backward (the
 linear layers' norms take as many multiply-adds as their weight gradients), so a step measured on all its
 micro-batches costs about 30% more, 6% of the run at --noise-every 5 (docs/cost-model.md, "Which noise
-estimator"). Only every MICROBATCH_STRIDE-th micro-batch (by index) gives its sequences' norms; S is their
-mean, still an unbiased |G|^2 + tr(Sigma) / B_small, and G_step keeps every micro-batch. Micro-batch i holds
-the same sequences whatever --dp is (tfrun.distributed.rank.replica_rows), so the subset is too.
+estimator"). So a tensor's norms come from every MICROBATCH_STRIDE-th micro-batch whose forward reached it
+(the 1st, 5th, ...: micro-batches run their forwards in index order; one where it was detached does not
+count); S is their mean over sequences, still an unbiased |G|^2 + tr(Sigma) / B_small, and G_step keeps every
+micro-batch. Micro-batch i holds the same sequences whatever --dp is (tfrun.distributed.rank.replica_rows) and
+the replicas freeze alike, so the subset is the same at any --dp. (Under --freeze-method grad the forward
+cannot tell a frozen tensor: a chosen micro-batch that leaves it out of its backward gives no norms.)
 """
 
 from __future__ import annotations
@@ -49,9 +52,9 @@ from torch import nn
 
 from tfrun.models.llama import RMSNorm
 
-MICROBATCH_STRIDE = 2
-"""Per-sequence norms of micro-batches 0, 2, 4, ... of a measured step only (all where the micro-batch is not known):
-half the cost, from half the sequences (Note [sequence subset])."""
+MICROBATCH_STRIDE = 4
+"""A tensor's per-sequence norms come from the 1st, 5th, 9th, ... micro-batch that reaches it in a measured step:
+a quarter of the cost, from a quarter of the sequences (Note [sequence subset])."""
 
 
 class SharedInput:
@@ -137,9 +140,14 @@ class SequenceNorms:
                  stride: int = MICROBATCH_STRIDE) -> None:
         self.active = False
         self.stride = stride
-        """Norms of micro-batches stride x k only (Note [sequence subset])."""
+        """Norms of every stride-th micro-batch reaching a tensor only (Note [sequence subset])."""
+        self._reached: dict[tuple[int, int], int] = {}
+        """(stage, tensor) -> forwards that reached it in this measured step."""
         self.microbatch_of: dict[int, Callable[[], object]] = {}
         """Stage -> the micro-batch its backward is running (set by tfrun.distributed.rank); absent: None."""
+        self.in_forward: dict[int, Callable[[], bool]] = {}
+        """Stage -> whether it runs a micro-batch's forward now (set by tfrun.distributed.rank: torch's first step
+        also runs the module on placeholders, to infer shapes); absent: always."""
         self.measured: dict[int, torch.Tensor] = {}
         """Stage -> per tensor, whether it has a per-sequence value (bool); the others are measured per micro-batch."""
         self._pending: dict[tuple[int, int, object], tuple[torch.Tensor, int]] = {}
@@ -173,7 +181,15 @@ class SequenceNorms:
         def hook(mod, args, output) -> None:
             if not self.active or not isinstance(output, torch.Tensor) or not output.requires_grad:
                 return
-            live = [(attr, i) for attr, i in entries if getattr(mod, attr).requires_grad]  # detached: frozen here
+            if stage in self.in_forward and not self.in_forward[stage]():
+                return
+            live = []
+            for attr, i in entries:
+                if getattr(mod, attr).requires_grad:  # (detached: frozen in this micro-batch)
+                    reached = self._reached.get((stage, i), 0)
+                    self._reached[(stage, i)] = reached + 1
+                    if reached % self.stride == 0:  # Note [sequence subset]
+                        live.append((attr, i))
             if not live:
                 return
             if kind == "linear":  # the layers reading one tensor share its Gram matrices
@@ -192,8 +208,6 @@ class SequenceNorms:
                     return
                 fired[0] = True
                 key = self.microbatch_of[stage]() if stage in self.microbatch_of else None
-                if key is not None and key % self.stride:  # Note [sequence subset]
-                    return
                 values = self._values(kind, mod, x, go.detach(), [attr for attr, _ in live])
                 b = go.shape[0]
                 for (_, i), value in zip(live, values):
@@ -221,6 +235,7 @@ class SequenceNorms:
     def clear(self) -> None:
         """Drop values no gradient took (tensors frozen in their micro-batch)."""
         self._pending.clear()
+        self._reached.clear()
         self._last = None
 
     def close(self) -> None:

@@ -69,7 +69,7 @@ def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: 
                             estimator=e, window=window, measure=measure) for e in estimators}
     params = [p for m in stages.values() for p in m.parameters()]
     out: dict[str, list] = {e: [] for e in estimators}
-    current = [0]  # the micro-batch in backward, as a pipeline stage tells it (noise_perseq Note [sequence subset])
+    current = [0]  # the micro-batch in backward, as a pipeline stage tells it (noise_perseq)
     for meter in meters.values():
         if meter.sequences is not None:
             meter.sequences.microbatch_of.update({s: lambda: current[0] for s in stages})

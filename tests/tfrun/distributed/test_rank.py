@@ -137,9 +137,10 @@ def test_two_replicas_train_like_one_pipeline_with_twice_the_microbatch(dp2_run,
     # 36 asks for 25% after the first five steps of a 30-step run; per micro-batch they differed up to 1.64x
     # there, docs/cost-model.md).
     noise_two, noise_one = _noise(two), _noise(one)
-    assert len(noise_two) == len(noise_one) == 5 and all(v is not None for row in noise_one for v in row)
-    for a, b in zip(noise_two, noise_one):
-        assert a == pytest.approx(b, rel=1e-3)
+    assert len(noise_two) == len(noise_one) == 5 and None not in noise_one[-1]
+    for a, b in zip(noise_two, noise_one):  # (None: |G|^2 not positive yet, in both)
+        assert [x is None for x in a] == [y is None for y in b], (noise_two, noise_one)
+        assert [x for x in a if x is not None] == pytest.approx([y for y in b if y is not None], rel=1e-3)
     summary = json.loads((two / "summary.json").read_text())
     assert summary["replicas_froze_alike"] is True and summary["dp"] == 2
     assert json.loads((two / "profile.json").read_text())["dp"] == 2

@@ -92,9 +92,10 @@ def test_linear_bias_gram_path_and_padding_rows() -> None:
 @pytest.mark.parametrize("stride", [1, 2])
 def test_split_backward_and_frozen_microbatches_count_what_reached_each_tensor(stride: int) -> None:
     # Stage 1 of the tiny model as a pipeline stage runs it: I of micro-batches 0 and 1 (input gradients only),
-    # then W of 1 and of 0 (torch.distributed.pipelining._backward). In micro-batch 1, layers.2.attn.wq.weight is
-    # detached in the forward and layers.2.mlp.w1.weight left out of the backward (Note [freeze methods]). With
-    # stride 2 (the default, Note [sequence subset]) only micro-batch 0 gives per-sequence norms.
+    # then W of 1 and of 0 (torch.distributed.pipelining._backward). layers.3.attn.wq.weight is detached in micro-
+    # batch 0's forward, layers.2.attn.wq.weight in micro-batch 1's, and layers.2.mlp.w1.weight left out of
+    # micro-batch 1's backward (Note [freeze methods]). With stride 2 a tensor's norms come from the first
+    # micro-batch whose forward reached it (Note [sequence subset]): micro-batch 1 for layers.3.attn.wq.weight.
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
     stage = _stages()[1]
@@ -105,44 +106,47 @@ def test_split_backward_and_frozen_microbatches_count_what_reached_each_tensor(s
     meter.sequences.stride = stride
     current = {"mb": None}
     meter.sequences.microbatch_of[1] = lambda: current["mb"]
-    frozen = ("layers.2.attn.wq.weight", "layers.2.mlp.w1.weight")  # (detached, left out) in micro-batch 1
+    detached = {0: "layers.3.attn.wq.weight", 1: "layers.2.attn.wq.weight"}
+    left_out = {1: "layers.2.mlp.w1.weight"}
+    backward = {n: [k for k in range(2) if n not in (detached.get(k), left_out.get(k))] for n in names}
+    forwards = {n: [k for k in range(2) if n != detached.get(k)] for n in names}
+    with_norms = {n: [k for k in forwards[n][::stride] if k in backward[n]] for n in names}
     gen = torch.Generator().manual_seed(2)
     xs = [torch.randn(B, T, 256, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)]
     ys = [_batch(seed=k)[1] for k in range(2)]
-    # explicit per-sequence gradients of the micro-batches with norms, less the frozen ones of micro-batch 1
-    # (computed before the step is measured)
+    # explicit per-sequence gradients of the micro-batches with norms (computed before the step is measured)
     expected = dict.fromkeys(names, 0.0)
-    for k in range(0, 2, stride):
+    for k in range(2):
         for j in range(B):
             grads = torch.autograd.grad(loss_fn(stage(xs[k][j:j + 1]), ys[k][j:j + 1]), list(params.values()))
             for n, g in zip(params, grads):
-                if k == 0 or n not in frozen:
+                if k in with_norms[n]:
                     expected[n] += float(g.square().sum())
     meter.begin_step(0)
     saved = []
     for k in range(2):
         current["mb"] = k
-        swap = {frozen[0]: params[frozen[0]].detach()} if k == 1 else {}
-        loss = loss_fn(torch.func.functional_call(stage, swap, (xs[k],)), ys[k])
-        weights = [p for n, p in params.items() if k == 0 or n not in frozen]
+        loss = loss_fn(torch.func.functional_call(stage, {detached[k]: params[detached[k]].detach()}, (xs[k],)), ys[k])
+        weights = [p for n, p in params.items() if k in backward[n]]
         saved.append((stage_backward_input([loss], None, [xs[k]], iter(weights))[1], weights))
     for k in (1, 0):
         current["mb"] = k
         stage_backward_weight(iter(saved[k][1]), saved[k][0])
     seq = meter._seq[1]
+    assert with_norms["layers.3.attn.wq.weight"] == [1] and with_norms["layers.2.mlp.w1.weight"] == [0]
     for i, n in enumerate(names):
-        reached = 1 if n in frozen else 2
-        with_norms = 1 if n in frozen or stride == 2 else 2
-        assert int(meter._n[1][i]) == reached and int(seq[2, i]) == with_norms, n
-        assert int(seq[1, i]) == with_norms * B, n
+        assert int(meter._n[1][i]) == len(backward[n]) and int(seq[2, i]) == len(with_norms[n]), n
+        assert int(seq[1, i]) == len(with_norms[n]) * B, n
         assert float(seq[0, i]) == pytest.approx(expected[n], rel=1e-6), n
     assert meter.after_reduce({1: stage}) and meter.stage_estimates()[1][0] != 0
     meter.close()
 
 
 def test_the_estimate_does_not_depend_on_how_sequences_form_microbatches() -> None:
-    # One step of 8 sequences as 2 micro-batches of 4 (--dp 1) or 4 of 2 (each replica's share at --dp 2): the
-    # per-sequence estimates agree to rounding; the micro-batch estimates do not.
+    # One step of 8 sequences as 2 micro-batches of 4 or 4 of 2, with norms from every micro-batch (stride 1): the
+    # per-sequence estimates agree to rounding; the micro-batch estimates do not. (A replica at --dp 2 runs the
+    # same micro-batch indices on half of each one's sequences, so the default subset picks the same sequences
+    # too: tests/tfrun/distributed/test_rank.py.)
     stages = _stages(torch.float32)
     x, y = _batch(8, seed=3)
     out = {}
@@ -150,6 +154,8 @@ def test_the_estimate_does_not_depend_on_how_sequences_form_microbatches() -> No
         for m in (2, 4):
             meter = NoiseMeter(stages, {s: candidates(mod) for s, mod in stages.items()}, num_microbatches=m,
                                microbatch_tokens=8 // m * T, every=1, measure=measure)
+            if meter.sequences is not None:
+                meter.sequences.stride = 1
             meter.begin_step(0)
             for xs, ys in zip(x.chunk(m), y.chunk(m)):
                 loss_fn(_chain(stages, xs), ys).backward()
