@@ -29,8 +29,9 @@ the tensor's own gradient hook (tfrun.freeze.noise), which takes it: a tensor fr
 (detached in its forward, or left out of its backward; tfrun.distributed.runtime Note [freeze methods]) gets
 no gradient, so its waiting value is never counted and is dropped at the step's end. A tensor detached in the
 forward is skipped at once. The micro-batch is the stage's backward micro-batch (`microbatch_of`); without
-one (a single process running each backward to the end) the key is None. Hooks do nothing on steps that are
-not measured.
+one (a single process running each backward to the end) the key is None. Forwards outside a micro-batch
+(torch's first-step metadata inference, on placeholder tensors; `in_forward`) are ignored. Hooks do nothing on
+steps that are not measured.
 
 Note [sequence subset]: a measured micro-batch's norms cost about a third of its forward and backward (the
 linear layers' norms take as many multiply-adds as their weight gradients), so a step measured on all its
