@@ -148,7 +148,9 @@ class NoiseMeter:
                 per_seq = self.sequences.measured[s].to(n.device) & (n >= 1) & (seq[1] >= 2)
                 count = torch.where(per_seq, seq[1], torch.full_like(n, 2.0))
                 mean_sq = seq[0] / count
-                b_seq = b_big / count  # tokens of one sequence: B_big is the count's sequences
+                # tokens of one sequence: the seq[2] pairs with norms, B_small tokens each, held `count` sequences
+                # (not B_big / count: the norms come from a subset, noise_perseq Note [sequence subset])
+                b_seq = b_small * seq[2] / count
                 gsq = torch.where(per_seq, (b_big * g_step - b_seq * mean_sq) / (b_big - b_seq), gsq)
                 trace = torch.where(per_seq, (mean_sq - g_step) / (1 / b_seq - 1 / b_big), trace)
                 usable |= per_seq
