@@ -9,15 +9,15 @@ is one sample; the figure is the median over the rounds of each setting's differ
 run, in ms and in % of the step. `--measures microbatch,sequence` times each `--noise-measure` (tfrun.freeze.noise
 Note [noise measure]) at both periods, all settings alternated in each round.
 
-`--in-process` instead times what a measured micro-batch adds to one stage's forward and backward in this
-process (the tiny model's stages 0 and 1, 4 x 128 tokens, one thread; the meter off, measuring per micro-batch
-and per sequence, alternated, the median of `--repeats`): the added cost without the pipeline's noise. A measured
-step adds about M times it on every rank; at period K the share of the step is about that over K (M + P - 1)
-forward-and-backward times (1F1B).
+`--in-process` instead times what measuring adds to one stage's step in this process (the tiny model's stages 0
+and 1, 8 micro-batches of 4 x 128 tokens, forward and backward, one thread; the meter off, measuring per
+micro-batch and per sequence, alternated, the median of `--repeats`): the added compute without the pipeline's
+waits or a loaded machine's noise. At period K a run pays about that share over K (a little less: the
+pipeline's bubbles do not grow).
 
     python benchmarks/noise_cost.py --steps 40 --rounds 3 --out runs/noise-cost
     python benchmarks/noise_cost.py --steps 30 --measures microbatch,sequence --out runs/noise-cost-seq
-    python benchmarks/noise_cost.py --in-process --repeats 30
+    python benchmarks/noise_cost.py --in-process --repeats 10
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "profiles" / "tiny-cpu-2stages.json"
 
 
-def in_process(repeats: int) -> None:
-    """Median ms of one micro-batch's forward and backward per stage: meter off, per micro-batch, per sequence."""
+def in_process(repeats: int, m: int = 8) -> None:
+    """Median ms of one step's forwards and backwards (m micro-batches) per stage: meter off, per micro-batch, per
+    sequence (with its subset of micro-batches, Note [sequence subset])."""
     import time
 
     import torch
@@ -50,26 +51,28 @@ def in_process(repeats: int) -> None:
         stage = build_stage(MODELS["tiny"], s, 2, 0)
         x = torch.randint(0, 256, (4, 128)) if s == 0 else torch.randn(4, 128, 256, requires_grad=True)
         y = torch.randint(0, 256, (4, 128))
-        meters = {m: NoiseMeter({s: stage}, {s: candidates(stage)}, num_microbatches=8, microbatch_tokens=512,
-                                every=0, measure=m) for m in ("microbatch", "sequence")}
+        meters = {name: NoiseMeter({s: stage}, {s: candidates(stage)}, num_microbatches=m, microbatch_tokens=512,
+                                   every=0, measure=name) for name in ("microbatch", "sequence")}
         times: dict[str, list[float]] = {"off": [], "microbatch": [], "sequence": []}
-        for r in range(repeats + 2):
+        for r in range(repeats + 1):
             for name in (list(times) if r % 2 == 0 else list(reversed(times))):
-                for m, meter in meters.items():
-                    meter.begin_step(0, force=m == name)  # every = 0: only a forced step is measured
+                for measure, meter in meters.items():
+                    meter.begin_step(0, force=measure == name)  # every = 0: only a forced step is measured
                 start = time.perf_counter()
-                out = stage(x)
-                if s == 1:
-                    loss_fn(out, y).backward()
-                else:
-                    out.backward(torch.ones_like(out) / out.numel())
-                if r >= 2:  # two warm-up rounds
+                for _ in range(m):
+                    out = stage(x)
+                    if s == 1:
+                        loss_fn(out, y).backward()
+                    else:
+                        out.backward(torch.ones_like(out) / out.numel())
+                if r >= 1:  # one warm-up round
                     times[name].append((time.perf_counter() - start) * 1e3)
                 stage.zero_grad(set_to_none=True)
         base = statistics.median(times["off"])
         added = {name: statistics.median(times[name]) - base for name in ("microbatch", "sequence")}
-        print(f"stage {s}: forward + backward of one micro-batch, median of {repeats}: off {base:.1f} ms; "
-              + "; ".join(f"{name} {ms:+.1f} ms ({ms / base:+.1%})" for name, ms in added.items()), flush=True)
+        print(f"stage {s}: one step's {m} forwards and backwards, median of {repeats}: off {base:.0f} ms; measured "
+              + "; ".join(f"{name} {ms:+.0f} ms ({ms / base:+.1%}; at --noise-every 5 {ms / base / 5:+.1%})"
+                          for name, ms in added.items()), flush=True)
         for meter in meters.values():
             meter.close()
 
@@ -83,7 +86,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/noise-cost")
     ap.add_argument("--measures", default="microbatch", help="--noise-measure values to time, comma-separated")
     ap.add_argument("--in-process", action="store_true", help="time one stage's micro-batch in this process")
-    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     if args.in_process:
         in_process(args.repeats)
