@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tfrun.config.train_config import DEFAULT_NOISE_MEASURE
 from tfrun.freeze.candidates import candidates
 from tfrun.freeze.noise import NoiseMeter, noise_scale
 
@@ -59,7 +60,7 @@ def exact(stages: dict[int, nn.Module], loss_fn, inputs: torch.Tensor, targets: 
 
 def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: int, num_microbatches: int,
                       estimators: tuple[str, ...], window: int = 8,
-                      measure: str = "microbatch") -> dict[str, list[dict[int, float | None]]]:
+                      measure: str = DEFAULT_NOISE_MEASURE) -> dict[str, list[dict[int, float | None]]]:
     """Estimator -> per measured step, stage -> the pipeline's NoiseMeter estimate (tokens), at these fixed
     weights: `steps` batches of `batches` (tfrun.data.Batches), each as `num_microbatches` micro-batches. One
     meter per estimator, all fed by the same backward passes; `measure`: its small batch (tfrun.freeze.noise
