@@ -170,3 +170,17 @@ def test_the_estimate_does_not_depend_on_how_sequences_form_microbatches() -> No
     for s in (0, 1):
         assert out[("sequence", 2)][s] == pytest.approx(out[("sequence", 4)][s], rel=1e-4)
         assert out[("microbatch", 2)][s][1] != pytest.approx(out[("microbatch", 4)][s][1], rel=1e-2)
+
+
+def test_a_tied_tensor_is_measured_per_microbatch() -> None:
+    # A 1-stage model with a tied embedding and head (tfrun.models.llama Note [tied embeddings]): the tensor's
+    # per-sequence gradient is the sum of two modules' parts, so it has no per-sequence value of its own.
+    import dataclasses
+
+    cfg = dataclasses.replace(MODELS["tiny"], n_layers=1, tie_embeddings=True)
+    stage = build_stage(cfg, 0, 1, 0)
+    names = [c.name for c in candidates(stage)]
+    norms = SequenceNorms({0: stage}, {0: names})
+    measured = dict(zip(names, norms.measured[0].tolist()))
+    assert measured.pop("embed.weight") is False and all(measured.values())
+    norms.close()
