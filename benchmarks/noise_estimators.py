@@ -8,6 +8,7 @@ each estimator's value (the largest ratio to its value just before the outlier, 
 
     python benchmarks/noise_estimators.py              # about 8 minutes on 2 CPU cores
     python benchmarks/noise_estimators.py --steps 12 --estimators ema,winsor
+    python benchmarks/noise_estimators.py --measure sequence --no-outlier    # per-sequence norms
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SHOWN = (0, 4, 8, 9, 12, 17, 18, 24, 29)  # the steps of the issue's table
 
 
-def trajectory(root: Path, plan: Path, estimator: str, dp: int, steps: int) -> list[list[float | None]]:
+def trajectory(root: Path, plan: Path, estimator: str, dp: int, steps: int,
+               measure: str = "microbatch") -> list[list[float | None]]:
     """Per measured step, every stage's noise scale (tokens) from one run."""
-    out = root / f"{estimator}-dp{dp}"
+    out = root / f"{measure}-{estimator}-dp{dp}"
     cmd = [sys.executable, "-m", "tfrun", "train", "--plan", str(plan), "--freeze", "none", "--steps", str(steps),
            "--dp", str(dp), "--microbatch-size", str(4 // dp), "--noise-every", "1", "--noise-estimator", estimator,
-           "--out", str(out), "--quiet", "--force", "--checkpoint-every", "0", "--checkpoint-minutes", "0"]
+           "--noise-measure", measure, "--out", str(out), "--quiet", "--force", "--checkpoint-every", "0",
+           "--checkpoint-minutes", "0"]
     subprocess.run(cmd, check=True, capture_output=True)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r["noise_scale_tokens"] for r in rows if "noise_scale_tokens" in r]
@@ -47,6 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--estimators", default="ema,median,winsor")
+    parser.add_argument("--measure", default="microbatch", help="--noise-measure: microbatch or sequence")
+    parser.add_argument("--no-outlier", action="store_true", help="skip the planted-outlier part")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="noise-estimators-"))
     plan = root / "plan.json"
@@ -57,15 +62,17 @@ def main() -> None:
           f"at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     shown = [s for s in SHOWN if s < args.steps]
     for estimator in args.estimators.split(","):
-        one = trajectory(root, plan, estimator, 1, args.steps)
-        two = trajectory(root, plan, estimator, 2, args.steps)
-        print(f"\n{estimator}: noise scale (tokens) at steps {', '.join(map(str, shown))}")
+        one = trajectory(root, plan, estimator, 1, args.steps, args.measure)
+        two = trajectory(root, plan, estimator, 2, args.steps, args.measure)
+        print(f"\n{estimator} ({args.measure}): noise scale (tokens) at steps {', '.join(map(str, shown))}")
         for s in range(len(one[0])):
             for name, runs in (("dp 1", one), ("dp 2", two)):
                 cells = ", ".join("-" if runs[k][s] is None else f"{runs[k][s]:,.0f}" for k in shown)
                 print(f"  stage {s}, {name}: {cells}")
         print(f"  largest ratio dp 1 / dp 2 after the first five measured steps: {worst_ratio(one, two):.3f} "
               f"(issue 36: <= 1.25)", flush=True)
+    if args.no_outlier:
+        return
     from tests.tfrun.freeze.test_noise_spike import planted_outlier  # the test's own measurement
 
     print("\none outlier micro-batch (a window of byte 255, which the corpus never has) at step 6 of 14, at fixed "

@@ -1,10 +1,10 @@
 """The pipeline's noise scale against its definition (issue 36): per stage, the exact noise scale of the tiny
 model at fixed weights from per-sequence gradients (tfrun.freeze.noise_reference Note [exact noise scale]: several
-hundred sequences, unbiased tr(Sigma) and |G|^2), against what the pipeline's own NoiseMeter measures at the same
-weights with each `--noise-estimator` (steps of fresh batches, 8 micro-batches of 4 x 128 tokens, the weights
-unchanged). At initialisation and after training, on two corpora (the default one and the standard library's
-source). The pipeline's figure is the median over the measured steps of the smoothed estimate, as summary.json
-and the profile's noise section report it, and the last step's.
+hundred sequences, unbiased tr(Sigma) and |G|^2), against what the pipeline's own NoiseMeter measures at the
+same weights with each `--noise-estimator` and `--noise-measure` (steps of fresh batches, 8 micro-batches of 4 x
+128 tokens, the weights unchanged). At initialisation and after training, on two corpora (the default one and the
+standard library's source). The pipeline's figure is the median over the measured steps of the smoothed estimate,
+as summary.json and the profile's noise section report it, and the last step's.
 
     python benchmarks/noise_reference.py                     # about 6 minutes on 2 CPU cores
     python benchmarks/noise_reference.py --sequences 128 --train-steps 20 --corpora default
@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=150, help="training before the second measurement")
     parser.add_argument("--corpora", default="default,stdlib")
     parser.add_argument("--estimators", default="ema,median,winsor")
+    parser.add_argument("--measures", default="microbatch,sequence",
+                        help="--noise-measure values, each against the same exact reference")
     parser.add_argument("--trajectory", default=None,
                         help="instead: the exact noise scale along `tfrun train --freeze none`'s own trajectory "
                              "at these steps (e.g. 4,8,12,24,29), to set beside benchmarks/noise_estimators.py's")
@@ -91,17 +93,18 @@ def main() -> None:
             exact_text = ", ".join(f"stage {s} {v:,.0f}" for s, v in sorted(reference.items()))
             print(f"\n{corpus} corpus, {when}: exact noise scale {exact_text} tokens "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
-            batches = Batches(tokens, global_batch=M * MB_SIZE, seq_len=SEQ, seed=777)
-            trails = pipeline_estimate(stages, loss_fn, batches, steps=args.steps, num_microbatches=M,
-                                       estimators=tuple(args.estimators.split(",")))
-            for estimator, trail in trails.items():
-                cells = []
-                for s in sorted(reference):
-                    values = [row[s] for row in trail if row[s] is not None]
-                    med, last = statistics.median(values), values[-1]
-                    cells.append(f"stage {s} median {med:,.0f} (x{med / reference[s]:.2f}), last {last:,.0f} "
-                                 f"(x{last / reference[s]:.2f})")
-                print(f"  {estimator:7s} " + "; ".join(cells), flush=True)
+            for measure in args.measures.split(","):
+                batches = Batches(tokens, global_batch=M * MB_SIZE, seq_len=SEQ, seed=777)
+                trails = pipeline_estimate(stages, loss_fn, batches, steps=args.steps, num_microbatches=M,
+                                           estimators=tuple(args.estimators.split(",")), measure=measure)
+                for estimator, trail in trails.items():
+                    cells = []
+                    for s in sorted(reference):
+                        values = [row[s] for row in trail if row[s] is not None]
+                        med, last = statistics.median(values), values[-1]
+                        cells.append(f"stage {s} median {med:,.0f} (x{med / reference[s]:.2f}), last {last:,.0f} "
+                                     f"(x{last / reference[s]:.2f})")
+                    print(f"  {measure:10s} {estimator:7s} " + "; ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

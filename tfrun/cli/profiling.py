@@ -170,6 +170,8 @@ def _noise(summary: dict, microbatch_tokens: int, init_from: str | None):
     where = f"the weights of {init_from}" if init_from else "initialisation"
     return NoiseModel(noise_scale_tokens=tuple(scales), grad_sq_share=tuple(shares),
                       microbatch_tokens=microbatch_tokens, source="measured",
-                      note=f"two-batch estimator (tfrun.freeze.noise), {summary.get('noise_estimator', 'ema')} "
+                      note=f"two-batch estimator (tfrun.freeze.noise), small batch one "
+                           f"{summary.get('noise_measure', 'microbatch')} (Note [noise measure]), "
+                           f"{summary.get('noise_estimator', 'ema')} "
                            f"smoothing (tfrun.freeze.noise_estimators), median over the "
                            f"{summary.get('noise_steps')} steps of run primary-none, from {where}")

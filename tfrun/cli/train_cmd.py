@@ -15,7 +15,7 @@ from rich.console import Console
 from tfplan.cli.options import user_errors
 from tfplan.fileio import write_text_atomic
 from tfrun.cli import config_file
-from tfrun.config.train_config import APF_STABLE_SHARE, DEFAULT_NOISE_ESTIMATOR, NOISE_EVERY
+from tfrun.config.train_config import APF_STABLE_SHARE, DEFAULT_NOISE_ESTIMATOR, DEFAULT_NOISE_MEASURE, NOISE_EVERY
 from tfrun.errors import TfrunError
 from tfrun.records.tensorboard import check_tensorboard
 
@@ -174,6 +174,11 @@ def train_cmd(
                                                     "winsor (default: robust to one outlier step), median, or ema "
                                                     "(the published moving averages).")
     ] = DEFAULT_NOISE_ESTIMATOR,
+    noise_measure: Annotated[
+        str, typer.Option("--noise-measure", help="The noise estimator's small batch: microbatch (default: one "
+                                                  "replica's micro-batch) or sequence (per-sequence gradient norms, "
+                                                  "the same whatever micro-batches and replicas split the step).")
+    ] = DEFAULT_NOISE_MEASURE,
     noise_window: Annotated[
         int, typer.Option("--noise-window", help="median, winsor: measured steps in the window (0: 8, or the "
                                                  "run's measured steps if fewer).")
@@ -260,7 +265,7 @@ def train_cmd(
             seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
             checkpoint_minutes=checkpoint_minutes, keep_checkpoints=keep_checkpoints, force=force,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet, noise_every=noise_every,
-            noise_estimator=noise_estimator, noise_window=noise_window,
+            noise_estimator=noise_estimator, noise_measure=noise_measure, noise_window=noise_window,
             tokenizer_path=tokenizer, token_dtype=token_dtype, token_cache_dir=token_cache, precision=precision,
             lr_schedule=lr_schedule, lr_warmup_steps=lr_warmup_steps, lr_min_ratio=lr_min_ratio,
             lr_decay_fraction=lr_decay_fraction, weight_decay=weight_decay, adam_betas=_betas(adam_betas),

@@ -26,6 +26,11 @@ NOISE_ESTIMATORS = ("ema", "median", "winsor")
 """`--noise-estimator`'s choices (tfrun.freeze.noise_estimators Note [robust noise])."""
 DEFAULT_NOISE_ESTIMATOR = "winsor"
 """Chosen by measurement: docs/cost-model.md, "Which noise estimator"."""
+NOISE_MEASURES = ("microbatch", "sequence")
+"""`--noise-measure`'s choices: what the two-batch estimator's small batch is (tfrun.freeze.noise Note [noise
+measure])."""
+DEFAULT_NOISE_MEASURE = "microbatch"
+"""Chosen by measurement: docs/cost-model.md, "Which noise estimator"."""
 DEFAULT_NOISE_WINDOW = 8
 """Measured steps the window estimators keep by default (fewer when the run measures fewer)."""
 """Default period of the noise-scale measurement, in steps (its cost: docs/benchmarks.md, "Noise scale")."""
@@ -191,6 +196,9 @@ class TrainConfig:
     """Measure the gradient noise scale every this many steps (0 = off; tfrun.freeze.noise Note [noise scale])."""
     noise_estimator: str = DEFAULT_NOISE_ESTIMATOR
     """How measured steps combine: ema (the published form), median or winsor (tfrun.freeze.noise_estimators)."""
+    noise_measure: str = DEFAULT_NOISE_MEASURE
+    """The estimator's small batch: microbatch (one replica's micro-batch) or sequence (per-sequence gradient
+    norms; tfrun.freeze.noise Note [noise measure])."""
     noise_window: int = 0
     """median, winsor: measured steps in the window (0 = DEFAULT_NOISE_WINDOW, or the run's measured steps if
     fewer)."""
@@ -340,6 +348,9 @@ class TrainConfig:
         if self.noise_estimator not in NOISE_ESTIMATORS:
             raise TfrunError(f"--noise-estimator must be one of {', '.join(NOISE_ESTIMATORS)}, got "
                              f"{self.noise_estimator!r}")
+        if self.noise_measure not in NOISE_MEASURES:
+            raise TfrunError(f"--noise-measure must be one of {', '.join(NOISE_MEASURES)}, got "
+                             f"{self.noise_measure!r}")
         measured = -(-self.steps // self.noise_every) if self.noise_every else None
         if self.noise_window < 0 or (measured is not None and self.noise_window > measured):
             raise TfrunError(f"--noise-window must be in [0, the run's measured steps] ({measured}: --steps "

@@ -18,6 +18,7 @@ every replica leaves out the same parameters, and the reduction covers exactly t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tfrun.config.train_config import PLANNED, TrainConfig
-from tfrun.distributed.runtime import StepState, build_schedule, make_stage
+from tfrun.distributed.runtime import StepState, backward_microbatch, build_schedule, in_microbatch_forward, make_stage
 from tfrun.errors import TfrunError
 from tfrun.freeze.candidates import candidates
 from tfrun.freeze.freezing import Freezer
@@ -132,7 +133,7 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
     noise = NoiseMeter(modules, stage_candidates, num_microbatches=config.num_microbatches,
                        microbatch_tokens=config.microbatch_size * config.seq_len, every=config.noise_every,
                        dp=config.dp, dp_group=dp_group, estimator=config.noise_estimator,
-                       window=config.noise_window_steps())
+                       window=config.noise_window_steps(), measure=config.noise_measure)
     freezer = Freezer(
         stage_candidates,
         planned_ratios(config, local),
@@ -156,6 +157,10 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
                    autocast=getattr(torch, dtype) if dtype != "float32" else None)
         for s in local
     ]
+    if noise.sequences is not None:  # per-sequence values wait for their micro-batch's gradient (noise_perseq)
+        for s, stage in zip(local, stages):
+            noise.sequences.microbatch_of[s] = functools.partial(backward_microbatch, stage)
+            noise.sequences.in_forward[s] = functools.partial(in_microbatch_forward, stage)
     runtime = build_schedule(config.order, stages, config.num_microbatches, _loss(state, stages), pp_rank, timer)
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     optimizer = adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.adam_betas),

@@ -116,8 +116,12 @@ class _TimedFreezingStage:
 
     def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
         self._fwd_mb = fwd_chunk_id
-        return self._tf.timer.time(f"{self.stage_index}F{fwd_chunk_id}", self._forward, fwd_chunk_id, args, kwargs,
-                                   save_forward_output)
+        self._in_forward = True  # (torch's metadata inference runs the module outside any micro-batch)
+        try:
+            return self._tf.timer.time(f"{self.stage_index}F{fwd_chunk_id}", self._forward, fwd_chunk_id, args,
+                                       kwargs, save_forward_output)
+        finally:
+            self._in_forward = False
 
     def _forward(self, *args):
         slow, step = self._tf.slow, self._tf.state.step
@@ -193,6 +197,18 @@ def make_stage(module: nn.Module, stage_index: int, num_stages: int, device: tor
 
     return install_hooks(PipelineStage(module, stage_index, num_stages, device, group=group), freezer=freezer,
                          timer=timer, state=state, method=method, autocast=autocast)
+
+
+def in_microbatch_forward(stage) -> bool:
+    """Whether a hooked `stage` runs a micro-batch's forward now: not torch's first-step metadata inference, which
+    runs the module (and a backward) on placeholder tensors (tfrun.freeze.noise_perseq counts real forwards)."""
+    return getattr(stage, "_in_forward", False)
+
+
+def backward_microbatch(stage) -> int | None:
+    """The micro-batch whose backward (B, I or W) a hooked `stage` runs now, or ran last; None before any
+    (tfrun.freeze.noise_perseq keys its per-sequence values by it)."""
+    return getattr(stage, "_bwd_mb", None)
 
 
 def _restricted_backward(bwd_kwargs: dict, params: Sequence[torch.Tensor]) -> tuple:

@@ -6,6 +6,7 @@ Read in this order:
   freezing.py     the Freezer: policies (Note [freeze policy]), windows, the stale guard, what was realised
   noise_estimators.py  how measured steps combine into each tensor's and stage's estimate (Note [robust noise])
   noise.py        the gradient noise scale of every stage, measured from the step's micro-batch gradients
+  noise_perseq.py      per-sequence gradient norms alongside the backward (Note [per-sequence norms])
   noise_reference.py   the noise scale by its definition at fixed weights, to check the above against
   baselines.py    APF and AutoFreeze, the methods people already use
   drift.py        the online mode's check that the plan's action times are still the run's (Note [drift])

@@ -19,6 +19,18 @@ G_step from .grad after the data-parallel reduction, before --grad-rescale and t
 in some micro-batches counts only those that reached it (B_big is then smaller). The replicas' sums are
 all-reduced before anyone uses them, so every replica holds the same estimates. Measured every `every`
 steps (`tfrun train --noise-every`); the hooks cost one reduction over each gradient per micro-batch.
+
+Note [noise measure]: `--noise-measure` says what the small batch is, separately from how steps are smoothed
+(`--noise-estimator`, a smoother over steps that takes either):
+  microbatch  B_small = one (replica, micro-batch) pair's tokens, |g_m|^2 as above;
+  sequence    B_small = one sequence's tokens and S = the mean over the step's sequences of |g_i|^2, g_i the
+              gradient of sequence i's mean token loss (tfrun.freeze.noise_perseq Note [per-sequence norms]);
+              B_big and G_step as above. S depends only on the step's sequences, not on how micro-batches and
+              replicas group them, so --dp 1 and --dp 2 on the same data give the same estimate, and it is the
+              quantity tfrun.freeze.noise_reference's definition averages. S comes from a subset of the
+              micro-batches (noise_perseq Note [sequence subset]). A tensor with fewer than two sequences' norms
+              in a step (a module kind noise_perseq does not know, a tied tensor, micro-batches of one
+              sequence) is measured per micro-batch that step, as under `microbatch`.
 """
 
 from __future__ import annotations
@@ -29,9 +41,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tfrun.config.train_config import DEFAULT_NOISE_ESTIMATOR, DEFAULT_NOISE_WINDOW
+from tfrun.config.train_config import DEFAULT_NOISE_ESTIMATOR, DEFAULT_NOISE_MEASURE, DEFAULT_NOISE_WINDOW
 from tfrun.freeze.candidates import Candidate
 from tfrun.freeze.noise_estimators import TensorNoise
+from tfrun.freeze.noise_perseq import SequenceNorms
 
 
 class NoiseMeter:
@@ -39,7 +52,9 @@ class NoiseMeter:
 
     def __init__(self, modules: dict[int, nn.Module], stage_candidates: dict[int, list[Candidate]], *,
                  num_microbatches: int, microbatch_tokens: int, every: int, dp: int = 1, dp_group=None,
-                 estimator: str = DEFAULT_NOISE_ESTIMATOR, window: int = DEFAULT_NOISE_WINDOW) -> None:
+                 estimator: str = DEFAULT_NOISE_ESTIMATOR, window: int = DEFAULT_NOISE_WINDOW,
+                 measure: str = DEFAULT_NOISE_MEASURE) -> None:
+        assert measure in ("microbatch", "sequence"), measure
         self.every, self.m, self.b_small = every, num_microbatches, microbatch_tokens
         self.dp, self.dp_group = dp, dp_group
         self.names = {s: [c.name for c in cands] for s, cands in stage_candidates.items()}
@@ -48,6 +63,10 @@ class NoiseMeter:
         """Stage -> per tensor, the sum over this step's micro-batches of |g_m|^2 (float64)."""
         self._n: dict[int, torch.Tensor] = {}
         """Stage -> per tensor, how many micro-batches reached it this step."""
+        self.sequences = SequenceNorms(modules, self.names) if measure == "sequence" else None
+        """`--noise-measure sequence`: the per-sequence norms (Note [noise measure]); None: per micro-batch."""
+        self._seq: dict[int, torch.Tensor] = {}
+        """sequence: stage -> (3, tensor): this step's sum over sequences of |g_i|^2, sequences, micro-batches."""
         self.smoothed: dict[int, TensorNoise] = {}
         """Stage -> its per-tensor |G|^2 and tr(Sigma), smoothed over measured steps by `estimator`."""
         self.skipped: list[int] = []
@@ -64,6 +83,7 @@ class NoiseMeter:
             device = next(iter(params.values())).device if params else torch.device("cpu")
             self._sq[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
             self._n[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
+            self._seq[s] = torch.zeros(3, len(self.names[s]), dtype=torch.float64, device=device)
             self.smoothed[s] = TensorNoise(estimator, len(self.names[s]), window, device)
             for i, name in enumerate(self.names[s]):
                 self._handles.append(params[name].register_hook(self._hook(s, i)))
@@ -73,6 +93,12 @@ class NoiseMeter:
             if self.active:
                 self._sq[stage][i] += grad.detach().double().square().sum()
                 self._n[stage][i] += 1
+                if self.sequences is not None:
+                    got = self.sequences.take(stage, i)
+                    if got is not None:
+                        self._seq[stage][0, i] += got[0]
+                        self._seq[stage][1, i] += got[1]
+                        self._seq[stage][2, i] += 1
 
         return hook
 
@@ -80,10 +106,14 @@ class NoiseMeter:
         """Measure this step or not: every `every` steps, or when `force`d (the online mode's monitor phase under
         --objective goodput, which plans from the estimates)."""
         self.active = self.measured_this_step = force or (self.every > 0 and step % self.every == 0)
+        if self.sequences is not None:
+            self.sequences.active = self.active
+            self.sequences.clear()
         if self.active:
             for s in self._sq:
                 self._sq[s].zero_()
                 self._n[s].zero_()
+                self._seq[s].zero_()
 
     def after_reduce(self, modules: dict[int, nn.Module]) -> bool:
         """The step's gradients are reduced over the replicas (and not yet rescaled): fold this step's
@@ -91,14 +121,17 @@ class NoiseMeter:
         if not self.active:
             return False
         self.active = False
+        if self.sequences is not None:
+            self.sequences.active = False
+            self.sequences.clear()
         self.skipped = []
         for s, module in modules.items():
             params = dict(module.named_parameters())
-            sq, n = self._sq[s], self._n[s]
+            sq, n, seq = self._sq[s], self._n[s], self._seq[s]
             if self.dp > 1:
-                both = torch.cat([sq, n])
+                both = torch.cat([sq, n, seq.reshape(-1)])
                 dist.all_reduce(both, group=self.dp_group)
-                sq, n = both[: len(sq)], both[len(sq):]
+                sq, n, seq = both[: len(sq)], both[len(sq): 2 * len(sq)], both[2 * len(sq):].view(3, -1)
             big = torch.stack([
                 params[name].grad.detach().double().square().sum() if params[name].grad is not None
                 else torch.zeros((), dtype=torch.float64, device=sq.device) for name in self.names[s]])
@@ -111,6 +144,16 @@ class NoiseMeter:
             b_small, b_big = float(self.b_small), n_safe * self.b_small
             gsq = torch.where(usable, (b_big * g_step - b_small * small) / (b_big - b_small), torch.zeros_like(n))
             trace = torch.where(usable, (small - g_step) / (1 / b_small - 1 / b_big), torch.zeros_like(n))
+            if self.sequences is not None:  # Note [noise measure]: where two sequences gave their norms
+                per_seq = self.sequences.measured[s].to(n.device) & (n >= 1) & (seq[1] >= 2)
+                count = torch.where(per_seq, seq[1], torch.full_like(n, 2.0))
+                mean_sq = seq[0] / count
+                # tokens of one sequence: the seq[2] pairs with norms, B_small tokens each, held `count` sequences
+                # (not B_big / count: the norms come from a subset, noise_perseq Note [sequence subset])
+                b_seq = b_small * seq[2] / count
+                gsq = torch.where(per_seq, (b_big * g_step - b_seq * mean_sq) / (b_big - b_seq), gsq)
+                trace = torch.where(per_seq, (mean_sq - g_step) / (1 / b_seq - 1 / b_big), trace)
+                usable |= per_seq
             # a step that is not finite (tfrun.train Note [non-finite steps]) leaves the estimates as they were
             usable &= torch.isfinite(gsq) & torch.isfinite(trace)
             if not bool(usable.any()):
@@ -156,6 +199,8 @@ class NoiseMeter:
         return {s: v for part in parts for s, v in part.items()}
 
     def close(self) -> None:
+        if self.sequences is not None:
+            self.sequences.close()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

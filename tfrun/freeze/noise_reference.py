@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tfrun.config.train_config import DEFAULT_NOISE_MEASURE
 from tfrun.freeze.candidates import candidates
 from tfrun.freeze.noise import NoiseMeter, noise_scale
 
@@ -58,21 +59,28 @@ def exact(stages: dict[int, nn.Module], loss_fn, inputs: torch.Tensor, targets: 
 
 
 def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: int, num_microbatches: int,
-                      estimators: tuple[str, ...], window: int = 8) -> dict[str, list[dict[int, float | None]]]:
+                      estimators: tuple[str, ...], window: int = 8,
+                      measure: str = DEFAULT_NOISE_MEASURE) -> dict[str, list[dict[int, float | None]]]:
     """Estimator -> per measured step, stage -> the pipeline's NoiseMeter estimate (tokens), at these fixed
     weights: `steps` batches of `batches` (tfrun.data.Batches), each as `num_microbatches` micro-batches. One
-    meter per estimator, all fed by the same backward passes."""
+    meter per estimator, all fed by the same backward passes; `measure`: its small batch (tfrun.freeze.noise
+    Note [noise measure])."""
     meters = {e: NoiseMeter(stages, {s: candidates(m) for s, m in stages.items()}, num_microbatches=num_microbatches,
                             microbatch_tokens=batches.global_batch // num_microbatches * batches.seq_len, every=1,
-                            estimator=e, window=window) for e in estimators}
+                            estimator=e, window=window, measure=measure) for e in estimators}
     params = [p for m in stages.values() for p in m.parameters()]
     out: dict[str, list] = {e: [] for e in estimators}
+    current = [0]  # the micro-batch in backward, as a pipeline stage tells it (noise_perseq)
+    for meter in meters.values():
+        if meter.sequences is not None:
+            meter.sequences.microbatch_of.update({s: lambda: current[0] for s in stages})
     try:
         for step in range(steps):
             x, y = batches.batch_at(step)
             for meter in meters.values():
                 meter.begin_step(step)
-            for xs, ys in zip(x.chunk(num_microbatches), y.chunk(num_microbatches)):
+            for k, (xs, ys) in enumerate(zip(x.chunk(num_microbatches), y.chunk(num_microbatches))):
+                current[0] = k
                 loss_fn(_chain(stages, xs), ys).backward()  # the hooks see each micro-batch's own gradient
             for p in params:  # .grad = their mean, as the runtime's scale_grads leaves it
                 if p.grad is not None:

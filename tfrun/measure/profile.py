@@ -273,4 +273,5 @@ def write_noise_tensors(out: Path, config: TrainConfig, rows: list[dict]) -> Non
         stages.append({"stage": s, "grad_sq": gsq, "trace": trace,
                        "noise_scale_tokens": trace / gsq if gsq > 0 else None, "tensors": tensors})
     write_json_atomic(out / "noise_tensors.json", {"schema_version": NOISE_TENSORS_VERSION,
-                                                   "estimator": config.noise_estimator, "stages": stages})
+                                                   "estimator": config.noise_estimator,
+                                                   "measure": config.noise_measure, "stages": stages})

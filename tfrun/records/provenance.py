@@ -45,7 +45,7 @@ IDENTITY: tuple[tuple[str, str], ...] = (
     ("redraw_every", "--redraw-every"),
     ("ramp_steps", "--ramp-steps"), ("grad_rescale", "--grad-rescale"), ("max_stale_steps", "--max-stale-steps"),
     ("data_hash", "--data"), ("dp", "--dp"), ("precision", "--precision"),
-    ("noise_estimator", "--noise-estimator"), ("noise_window", "--noise-window"),
+    ("noise_estimator", "--noise-estimator"), ("noise_measure", "--noise-measure"), ("noise_window", "--noise-window"),
     # --freeze timely only:
     ("max_freeze_ratio", "--max-freeze-ratio"), ("warmup_steps", "--warmup-steps"),
     ("monitor_steps", "--monitor-steps"), ("probe_steps", "--probe-steps"),

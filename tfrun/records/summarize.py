@@ -147,7 +147,7 @@ def _noise_fields(config: TrainConfig, metrics: list[dict]) -> dict:
     if share:
         share = [x / sum(share) for x in share]  # medians of shares need not sum to 1: renormalised
     return {"noise_scale_tokens": scales, "grad_sq_share": share, "noise_steps": len(rows),
-            "noise_estimator": config.noise_estimator}
+            "noise_estimator": config.noise_estimator, "noise_measure": config.noise_measure}
 
 
 def _wall_ms(row: dict) -> float:

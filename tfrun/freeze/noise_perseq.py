@@ -1,0 +1,246 @@
+"""Per-sequence gradient norms, computed alongside the backward (`--noise-measure sequence`): the small-batch
+side of the two-batch noise estimator at one sequence instead of one micro-batch (tfrun.freeze.noise).
+
+Note [per-sequence norms]: for a measured step and every trainable tensor W, the sum over the step's sequences
+of |g_i|^2, g_i the gradient of sequence i's mean token loss (Gray et al. 2024, arXiv 2411.00999; Goodfellow's
+per-example gradient-norm trick). A micro-batch of b sequences has loss L = (1/b) sum_i L_i (loss_fn: the mean
+over its b x T tokens), so the gradient a module's output receives, go (b, T, d_out), splits by sequence into
+go_i = dL/dy_i = (1/b) dL_i/dy_i, and g_i = b x (sequence i's share of the weight gradient built from go_i).
+Per module kind, from its forward input x and go, without a per-sequence gradient where that is cheaper:
+  nn.Linear     g_i = b sum_t go_t x_t^T (d_out x d_in). Either materialised one sequence at a time
+                (T d_in d_out multiply-adds) or |.|^2 = sum_{t,t'} (x_t.x_t') (go_t.go_t') from the two
+                (T x T) Gram matrices (T^2 (d_in + d_out)), whichever is fewer; the input's Gram matrix is
+                computed once for the layers that read the same tensor (wq, wk, wv; w1, w3). Bias: b sum_t go_t.
+                Either way about as many multiply-adds as the weight gradient itself (T ~ d), so a measured
+                micro-batch's backward costs about a third more (docs/cost-model.md, "Which noise estimator").
+  nn.Embedding  g_i = b x (go_t summed into its token's row): the rows of (sequence, token id) pairs, summed
+                with one index_add over the micro-batch; no (V x d) matrix per sequence.
+  RMSNorm       g_i = b sum_t go_t * xhat_t (d), xhat = x / rms(x) recomputed from the input with the
+                module's eps, in float32 as its forward does (tfrun.models.llama.RMSNorm).
+Any other tensor (and a tensor shared by two modules, whose per-sequence gradient is the sum of both parts:
+a tied embedding and head) has no per-sequence value; tfrun.freeze.noise measures it per micro-batch.
+Sequences are dim 0 of every module's input and output (as in tfrun.models); a module runs once per forward.
+
+Capture: a forward hook keeps the module's input (detached: the storage autograd already saves) and puts a
+hook on its output, which fires once with go in that micro-batch's backward (B, or I of a split backward;
+W on stage 0). A split W may run the output's node again (RMSNorm's product is the node that W starts from),
+so each output's hook counts only its first call. The value waits, keyed by (stage, tensor, micro-batch), for
+the tensor's own gradient hook (tfrun.freeze.noise), which takes it: a tensor frozen in that micro-batch
+(detached in its forward, or left out of its backward; tfrun.distributed.runtime Note [freeze methods]) gets
+no gradient, so its waiting value is never counted and is dropped at the step's end. A tensor detached in the
+forward is skipped at once. The micro-batch is the stage's backward micro-batch (`microbatch_of`); without
+one (a single process running each backward to the end) the key is None. Forwards outside a micro-batch
+(torch's first-step metadata inference, on placeholder tensors; `in_forward`) are ignored. Hooks do nothing on
+steps that are not measured.
+
+Note [sequence subset]: a measured micro-batch's norms cost about a third of its forward and backward (the
+linear layers' norms take as many multiply-adds as their weight gradients), so a step measured on all its
+micro-batches costs about 30% more, 6% of the run at --noise-every 5 (docs/cost-model.md, "Which noise
+estimator"). So a tensor's norms come from every MICROBATCH_STRIDE-th micro-batch whose forward reached it
+(the 1st, 5th, ...: micro-batches run their forwards in index order; one where it was detached does not
+count); S is their mean over sequences, still an unbiased |G|^2 + tr(Sigma) / B_small, and G_step keeps every
+micro-batch. Micro-batch i holds the same sequences whatever --dp is (tfrun.distributed.rank.replica_rows) and
+the replicas freeze alike, so the subset is the same at any --dp. (Under --freeze-method grad the forward
+cannot tell a frozen tensor: a chosen micro-batch that leaves it out of its backward gives no norms.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from tfrun.models.llama import RMSNorm
+
+MICROBATCH_STRIDE = 4
+"""A tensor's per-sequence norms come from the 1st, 5th, 9th, ... micro-batch that reaches it in a measured step:
+a quarter of the cost, from a quarter of the sequences (Note [sequence subset])."""
+
+
+class SharedInput:
+    """One module input, (b, ..., d_in), and the Gram matrices of its sequences, (b, T, T), computed once for all
+    the linear layers that read it (attention's wq, wk and wv; the MLP's w1 and w3)."""
+
+    __slots__ = ("x", "readers", "gram")
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x, self.readers, self.gram = x, 1, None
+
+    def x_gram(self) -> torch.Tensor:
+        if self.gram is None:
+            x = _wide(self.x).reshape(self.x.shape[0], -1, self.x.shape[-1])
+            self.gram = x @ x.transpose(1, 2)
+        return self.gram
+
+
+def linear_sq(shared: SharedInput, go: torch.Tensor, bias: bool) -> list[torch.Tensor]:
+    """Sum over sequences of |sum_t go_t x_t^T|^2 (and of |sum_t go_t|^2 with a bias), float64 scalars; x (b, ...,
+    d_in) the shared input, go (b, ..., d_out): the per-sequence pieces of the weight gradient (times b for g_i;
+    Note [per-sequence norms]). Multiply-adds: materialised T d_in d_out a sequence; from Gram matrices
+    T^2 (d_out + d_in / its readers), or T^2 d_out once another reader has computed the input's."""
+    x = shared.x
+    b, d_in, d_out = x.shape[0], x.shape[-1], go.shape[-1]
+    go = _wide(go).reshape(b, -1, d_out)
+    t = go.shape[1]
+    share = 0 if shared.gram is not None else d_in / shared.readers
+    if t * (d_out + share) < d_in * d_out:  # the Gram matrices are cheaper than the gradient itself
+        weight = (shared.x_gram() * (go @ go.transpose(1, 2))).sum(dtype=torch.float64)
+    else:  # one sequence at a time: memory of one gradient, not b
+        x = _wide(x).reshape(b, -1, d_in)
+        weight = sum((go[i].T @ x[i]).square().sum(dtype=torch.float64) for i in range(b))
+    out = [weight]
+    if bias:
+        out.append(go.sum(1).square().sum(dtype=torch.float64))
+    return out
+
+
+def embedding_sq(ids: torch.Tensor, go: torch.Tensor, num_embeddings: int, padding_idx: int | None) -> torch.Tensor:
+    """Sum over sequences of |the sequence's embedding-gradient piece|^2, a float64 scalar; ids (b, ...) int64, go
+    (b, ..., d). Rows of equal (sequence, id) add up before squaring; the padding row gets no gradient."""
+    b, d = ids.shape[0], go.shape[-1]
+    go = _wide(go).reshape(-1, d)
+    keys = (ids + num_embeddings * torch.arange(b, device=ids.device).view(-1, *[1] * (ids.dim() - 1))).reshape(-1)
+    if padding_idx is not None:
+        go = go * (ids.reshape(-1) != padding_idx).unsqueeze(1)
+    unique, where = torch.unique(keys, return_inverse=True)
+    rows = torch.zeros(len(unique), d, dtype=go.dtype, device=go.device).index_add_(0, where, go)
+    return rows.square().sum(dtype=torch.float64)
+
+
+def rms_norm_sq(x: torch.Tensor, go: torch.Tensor, eps: float) -> torch.Tensor:
+    """Sum over sequences of |sum_t go_t * xhat_t|^2 for RMSNorm's weight, a float64 scalar; x, go (b, ..., d)."""
+    b, d = x.shape[0], x.shape[-1]
+    xf = x.float()
+    xhat = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)  # as the forward rounds it
+    piece = (_wide(go) * _wide(xhat)).reshape(b, -1, d).sum(1)
+    return piece.square().sum(dtype=torch.float64)
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """float32 at least (bf16 activations under autocast would lose the sums)."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def _kind(module: nn.Module) -> tuple[str, tuple[str, ...]] | None:
+    """(kind, the attributes holding its parameters) of a module this file measures, else None."""
+    if type(module) is nn.Linear:
+        return "linear", ("weight", "bias")
+    if type(module) is nn.Embedding and not module.sparse and module.max_norm is None:
+        return "embedding", ("weight",)
+    if isinstance(module, RMSNorm):
+        return "rms_norm", ("weight",)
+    return None
+
+
+class SequenceNorms:
+    """Note [per-sequence norms] for one rank's stages: `take` hands a tensor's per-sequence value to its gradient
+    hook. Only stages and tensors named in `names` (a stage's trainable tensors, in tfrun.freeze.noise's order)."""
+
+    def __init__(self, modules: dict[int, nn.Module], names: dict[int, list[str]],
+                 stride: int = MICROBATCH_STRIDE) -> None:
+        self.active = False
+        self.stride = stride
+        """Norms of every stride-th micro-batch reaching a tensor only (Note [sequence subset])."""
+        self._reached: dict[tuple[int, int], int] = {}
+        """(stage, tensor) -> forwards that reached it in this measured step."""
+        self.microbatch_of: dict[int, Callable[[], object]] = {}
+        """Stage -> the micro-batch its backward is running (set by tfrun.distributed.rank); absent: None."""
+        self.in_forward: dict[int, Callable[[], bool]] = {}
+        """Stage -> whether it runs a micro-batch's forward now (set by tfrun.distributed.rank: torch's first step
+        also runs the module on placeholders, to infer shapes); absent: always."""
+        self.measured: dict[int, torch.Tensor] = {}
+        """Stage -> per tensor, whether it has a per-sequence value (bool); the others are measured per micro-batch."""
+        self._pending: dict[tuple[int, int, object], tuple[torch.Tensor, int]] = {}
+        """(stage, tensor, micro-batch) -> (sum over its sequences of |g_i|^2, float64; sequences), until taken."""
+        self._last: tuple[torch.Tensor, SharedInput] | None = None
+        """The last linear layer's input (the tensor itself, to recognise the next reader) and its SharedInput."""
+        self._handles = []
+        for s, module in modules.items():
+            index = {name: i for i, name in enumerate(names[s])}
+            owners: dict[int, int] = {}
+            for sub in module.modules():
+                for p in sub._parameters.values():
+                    if p is not None:
+                        owners[id(p)] = owners.get(id(p), 0) + 1
+            measured = torch.zeros(len(names[s]), dtype=torch.bool)
+            for prefix, sub in module.named_modules():
+                kind = _kind(sub)
+                if kind is None:
+                    continue
+                entries = []
+                for attr in kind[1]:
+                    p, name = getattr(sub, attr, None), f"{prefix}.{attr}" if prefix else attr
+                    if isinstance(p, nn.Parameter) and name in index and owners[id(p)] == 1:
+                        entries.append((attr, index[name]))
+                        measured[index[name]] = True
+                if entries:
+                    self._handles.append(sub.register_forward_hook(self._forward_hook(s, sub, kind[0], entries)))
+            self.measured[s] = measured
+
+    def _forward_hook(self, stage: int, module: nn.Module, kind: str, entries: list[tuple[str, int]]):
+        def hook(mod, args, output) -> None:
+            if not self.active or not isinstance(output, torch.Tensor) or not output.requires_grad:
+                return
+            if stage in self.in_forward and not self.in_forward[stage]():
+                return
+            live = []
+            for attr, i in entries:
+                if getattr(mod, attr).requires_grad:  # (detached: frozen in this micro-batch)
+                    reached = self._reached.get((stage, i), 0)
+                    self._reached[(stage, i)] = reached + 1
+                    if reached % self.stride == 0:  # Note [sequence subset]
+                        live.append((attr, i))
+            if not live:
+                return
+            if kind == "linear":  # the layers reading one tensor share its Gram matrices
+                if self._last is not None and self._last[0] is args[0]:
+                    x = self._last[1]
+                    x.readers += 1
+                else:
+                    x = SharedInput(args[0].detach())
+                    self._last = (args[0], x)
+            else:
+                x = args[0].detach()
+            fired = [False]
+
+            def on_grad(go: torch.Tensor) -> None:
+                if fired[0]:  # a split W running this node again (Note [per-sequence norms])
+                    return
+                fired[0] = True
+                key = self.microbatch_of[stage]() if stage in self.microbatch_of else None
+                values = self._values(kind, mod, x, go.detach(), [attr for attr, _ in live])
+                b = go.shape[0]
+                for (_, i), value in zip(live, values):
+                    self._pending[(stage, i, key)] = (value * (b * b), b)  # g_i = b x its piece
+
+            output.register_hook(on_grad)
+
+        return hook
+
+    @staticmethod
+    def _values(kind: str, mod: nn.Module, x, go: torch.Tensor, attrs: list[str]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            if kind == "linear":
+                weight_and_bias = linear_sq(x, go, bias=mod.bias is not None)
+                return [weight_and_bias[0] if attr == "weight" else weight_and_bias[1] for attr in attrs]
+            if kind == "embedding":
+                return [embedding_sq(x, go, mod.num_embeddings, mod.padding_idx)]
+            return [rms_norm_sq(x, go, mod.eps)]
+
+    def take(self, stage: int, i: int, microbatch: object = None) -> tuple[torch.Tensor, int] | None:
+        """The waiting (sum of |g_i|^2, sequences) of tensor i of `stage` in this backward's micro-batch, or None."""
+        key = self.microbatch_of[stage]() if stage in self.microbatch_of else microbatch
+        return self._pending.pop((stage, i, key), None)
+
+    def clear(self) -> None:
+        """Drop values no gradient took (tensors frozen in their micro-batch)."""
+        self._pending.clear()
+        self._reached.clear()
+        self._last = None
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._pending.clear()
