@@ -222,10 +222,7 @@ def _gather_noise(noise: NoiseMeter, num_stages: int) -> dict:
     """A measured step's metrics fields, every stage's on rank 0: `noise_scale_tokens` (smoothed, per stage;
     null while |G|^2 is not positive) and `grad_sq` (smoothed |G|^2 per stage), and `noise_skipped`, the stages
     this step left out (tfrun.freeze.noise), when there are any. Collective."""
-    both = noise.gathered()
-    parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, noise.skipped)
-    skipped = sorted({s for part in parts for s in part})
+    both, skipped = noise.gathered()
     return {"noise_scale_tokens": [noise_scale(*both[s]) if s in both else None for s in range(num_stages)],
             "grad_sq": [both[s][0] if s in both else None for s in range(num_stages)],
             **({"noise_skipped": skipped} if skipped else {})}

@@ -246,8 +246,7 @@ def train_cmd(
 
     with user_errors(TfrunError):
         config_file.raise_errors(ctx)
-        reset = config_file.resumed_data_settings(ctx)  # Note [resumed data]
-        ctx.params.update(reset)
+        ctx.params.update(config_file.resumed_data_settings(ctx))  # Note [resumed data]
         tokenizer, token_dtype = ctx.params["tokenizer"], ctx.params["token_dtype"]
         config = setup.train_config(
             plan_path=plan, model=model, steps=steps, seed=seed, out_dir=setup.out_dir(out, resume), freeze=freeze,

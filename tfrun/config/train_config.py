@@ -22,6 +22,7 @@ profile take their medians over, and a bound on memory (8 ranks x M = 64 x F, I,
 FREEZE_MODES = ("plan", "none", "all", "timely", "uniform", "apf", "autofreeze", "timely+apf", "timely+autofreeze")
 PLANNED = ("plan", "uniform", "timely+apf", "timely+autofreeze")  # modes that apply `ratios`
 NOISE_EVERY = 5
+"""Default period of the noise-scale measurement, in steps (its cost: docs/benchmarks.md, "Noise scale")."""
 NOISE_ESTIMATORS = ("ema", "median", "winsor")
 """`--noise-estimator`'s choices (tfrun.freeze.noise_estimators Note [robust noise])."""
 DEFAULT_NOISE_ESTIMATOR = "winsor"
@@ -33,7 +34,6 @@ DEFAULT_NOISE_MEASURE = "microbatch"
 """Chosen by measurement: docs/cost-model.md, "Which noise estimator"."""
 DEFAULT_NOISE_WINDOW = 8
 """Measured steps the window estimators keep by default (fewer when the run measures fewer)."""
-"""Default period of the noise-scale measurement, in steps (its cost: docs/benchmarks.md, "Noise scale")."""
 APF_STABLE_SHARE = 0.5
 """Default share of a tensor's scalars that must be stable for APF to freeze it (tfrun.freeze.baselines Note [apf
 share]; measured in docs/results.md)."""
@@ -351,7 +351,7 @@ class TrainConfig:
         if self.noise_measure not in NOISE_MEASURES:
             raise TfrunError(f"--noise-measure must be one of {', '.join(NOISE_MEASURES)}, got "
                              f"{self.noise_measure!r}")
-        measured = -(-self.steps // self.noise_every) if self.noise_every else None
+        measured = self._measured_steps()
         if self.noise_window < 0 or (measured is not None and self.noise_window > measured):
             raise TfrunError(f"--noise-window must be in [0, the run's measured steps] ({measured}: --steps "
                              f"{self.steps}, --noise-every {self.noise_every}), got {self.noise_window}")
@@ -364,5 +364,9 @@ class TrainConfig:
         """The window estimators' length in measured steps (--noise-window, or its default)."""
         if self.noise_window:
             return self.noise_window
-        measured = -(-self.steps // self.noise_every) if self.noise_every else DEFAULT_NOISE_WINDOW
-        return max(1, min(DEFAULT_NOISE_WINDOW, measured))
+        measured = self._measured_steps()
+        return max(1, min(DEFAULT_NOISE_WINDOW, DEFAULT_NOISE_WINDOW if measured is None else measured))
+
+    def _measured_steps(self) -> int | None:
+        """Steps the run measures the noise scale on (steps 0, K, 2K, ... below --steps); None with it off."""
+        return -(-self.steps // self.noise_every) if self.noise_every else None

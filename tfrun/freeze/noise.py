@@ -41,7 +41,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tfrun.config.train_config import DEFAULT_NOISE_ESTIMATOR, DEFAULT_NOISE_MEASURE, DEFAULT_NOISE_WINDOW
+from tfrun.config.train_config import (
+    DEFAULT_NOISE_ESTIMATOR,
+    DEFAULT_NOISE_MEASURE,
+    DEFAULT_NOISE_WINDOW,
+    NOISE_MEASURES,
+)
 from tfrun.freeze.candidates import Candidate
 from tfrun.freeze.noise_estimators import TensorNoise
 from tfrun.freeze.noise_perseq import SequenceNorms
@@ -54,7 +59,7 @@ class NoiseMeter:
                  num_microbatches: int, microbatch_tokens: int, every: int, dp: int = 1, dp_group=None,
                  estimator: str = DEFAULT_NOISE_ESTIMATOR, window: int = DEFAULT_NOISE_WINDOW,
                  measure: str = DEFAULT_NOISE_MEASURE) -> None:
-        assert measure in ("microbatch", "sequence"), measure
+        assert measure in NOISE_MEASURES, measure
         self.every, self.m, self.b_small = every, num_microbatches, microbatch_tokens
         self.dp, self.dp_group = dp, dp_group
         self.names = {s: [c.name for c in cands] for s, cands in stage_candidates.items()}
@@ -190,13 +195,14 @@ class NoiseMeter:
                 self.smoothed[s].load_state_dict(sub_state)
         self.measured = int(state["measured"])
 
-    def gathered(self) -> dict[int, tuple[float, float]]:
-        """stage_estimates of every stage, on every rank. Collective over the default group."""
+    def gathered(self) -> tuple[dict[int, tuple[float, float]], list[int]]:
+        """stage_estimates of every stage, and the stages the last measured step left out (`skipped`), on every
+        rank: one gather over the default group."""
         if not dist.is_initialized() or dist.get_world_size() == 1:
-            return self.stage_estimates()
+            return self.stage_estimates(), sorted(self.skipped)
         parts: list = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, self.stage_estimates())
-        return {s: v for part in parts for s, v in part.items()}
+        dist.all_gather_object(parts, (self.stage_estimates(), self.skipped))
+        return {s: v for part, _ in parts for s, v in part.items()}, sorted({s for _, part in parts for s in part})
 
     def close(self) -> None:
         if self.sequences is not None:

@@ -228,9 +228,9 @@ class SequenceNorms:
                 return [embedding_sq(x, go, mod.num_embeddings, mod.padding_idx)]
             return [rms_norm_sq(x, go, mod.eps)]
 
-    def take(self, stage: int, i: int, microbatch: object = None) -> tuple[torch.Tensor, int] | None:
+    def take(self, stage: int, i: int) -> tuple[torch.Tensor, int] | None:
         """The waiting (sum of |g_i|^2, sequences) of tensor i of `stage` in this backward's micro-batch, or None."""
-        key = self.microbatch_of[stage]() if stage in self.microbatch_of else microbatch
+        key = self.microbatch_of[stage]() if stage in self.microbatch_of else None
         return self._pending.pop((stage, i, key), None)
 
     def clear(self) -> None:

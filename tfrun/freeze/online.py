@@ -190,7 +190,7 @@ class OnlinePlanner:
         noise the plan in force was solved with."""
         if self.config.objective != "goodput" or self.noise is None:
             return None
-        both = self.noise.gathered()
+        both, _ = self.noise.gathered()
         scales = [noise_scale(*both[s]) if s in both else None for s in range(self.config.num_stages)]
         if any(x is None for x in scales):
             if not required:

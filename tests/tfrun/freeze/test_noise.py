@@ -74,6 +74,7 @@ def test_a_tensor_reached_by_one_microbatch_gives_no_estimate():
     x, e = _microbatch(torch.Generator().manual_seed(0), 4)
     (0.5 * (x @ module.w - e).square().mean()).backward()
     assert meter.after_reduce({0: module}) and meter.stage_estimates() == {}  # a stage with no estimate: left out
+    assert meter.skipped == [0] and meter.gathered() == ({}, [0])  # and said so (metrics' noise_skipped)
     assert noise_scale(0.0, 0.0) is None
 
 
