@@ -6,9 +6,9 @@ For each estimator it prints the per-stage noise scale of both runs at the issue
 between the two runs after the first five measured steps (issue 36: within 25%), and how far one outlier moves
 each estimator's value (the largest ratio to its value just before the outlier, over the steps after it).
 
-    python benchmarks/noise_estimators.py              # about 8 minutes on 2 CPU cores
+    python benchmarks/noise_estimators.py              # about 16 minutes on 2 CPU cores
     python benchmarks/noise_estimators.py --steps 12 --estimators ema,winsor
-    python benchmarks/noise_estimators.py --measure sequence --no-outlier    # per-sequence norms
+    python benchmarks/noise_estimators.py --measures sequence --no-outlier    # per-sequence norms only
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ SHOWN = (0, 4, 8, 9, 12, 17, 18, 24, 29)  # the steps of the issue's table
 
 
 def trajectory(root: Path, plan: Path, estimator: str, dp: int, steps: int,
-               measure: str = "microbatch") -> list[list[float | None]]:
+               measure: str) -> list[list[float | None]]:
     """Per measured step, every stage's noise scale (tokens) from one run."""
     out = root / f"{measure}-{estimator}-dp{dp}"
     cmd = [sys.executable, "-m", "tfrun", "train", "--plan", str(plan), "--freeze", "none", "--steps", str(steps),
@@ -50,7 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--estimators", default="ema,median,winsor")
-    parser.add_argument("--measure", default="microbatch", help="--noise-measure: microbatch or sequence")
+    parser.add_argument("--measures", default="microbatch,sequence",
+                        help="--noise-measure values, comma-separated: microbatch, sequence")
     parser.add_argument("--no-outlier", action="store_true", help="skip the planted-outlier part")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="noise-estimators-"))
@@ -61,16 +62,18 @@ def main() -> None:
           f"per replica), --freeze none, {args.steps} steps measured at every step; load {os.getloadavg()[0]:.2f} "
           f"at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     shown = [s for s in SHOWN if s < args.steps]
-    for estimator in args.estimators.split(","):
-        one = trajectory(root, plan, estimator, 1, args.steps, args.measure)
-        two = trajectory(root, plan, estimator, 2, args.steps, args.measure)
-        print(f"\n{estimator} ({args.measure}): noise scale (tokens) at steps {', '.join(map(str, shown))}")
-        for s in range(len(one[0])):
-            for name, runs in (("dp 1", one), ("dp 2", two)):
-                cells = ", ".join("-" if runs[k][s] is None else f"{runs[k][s]:,.0f}" for k in shown)
-                print(f"  stage {s}, {name}: {cells}")
-        print(f"  largest ratio dp 1 / dp 2 after the first five measured steps: {worst_ratio(one, two):.3f} "
-              f"(issue 36: <= 1.25)", flush=True)
+    estimators, measures = tuple(args.estimators.split(",")), tuple(args.measures.split(","))
+    for measure in measures:
+        for estimator in estimators:
+            one = trajectory(root, plan, estimator, 1, args.steps, measure)
+            two = trajectory(root, plan, estimator, 2, args.steps, measure)
+            print(f"\n{estimator} ({measure}): noise scale (tokens) at steps {', '.join(map(str, shown))}")
+            for s in range(len(one[0])):
+                for name, runs in (("dp 1", one), ("dp 2", two)):
+                    cells = ", ".join("-" if runs[k][s] is None else f"{runs[k][s]:,.0f}" for k in shown)
+                    print(f"  stage {s}, {name}: {cells}")
+            print(f"  largest ratio dp 1 / dp 2 after the first five measured steps: {worst_ratio(one, two):.3f} "
+                  f"(issue 36: <= 1.25)", flush=True)
     if args.no_outlier:
         return
     from tests.tfrun.freeze.test_noise_spike import planted_outlier  # the test's own measurement
@@ -78,8 +81,8 @@ def main() -> None:
     print("\none outlier micro-batch (a window of byte 255, which the corpus never has) at step 6 of 14, at fixed "
           "weights, one process, the tiny model's 2 stages; the largest ratio over steps 6-13 of each estimator's "
           "value with the outlier to its value without it:")
-    for estimator, moves in planted_outlier(tuple(args.estimators.split(","))).items():
-        print(f"  {estimator:7s} stage 0 x{moves[0]:.2f}, stage 1 x{moves[1]:.2f}")
+    for (measure, estimator), moves in planted_outlier(estimators, measures).items():
+        print(f"  {measure:10s} {estimator:7s} stage 0 x{moves[0]:.2f}, stage 1 x{moves[1]:.2f}")
 
 
 if __name__ == "__main__":

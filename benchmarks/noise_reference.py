@@ -93,18 +93,18 @@ def main() -> None:
             exact_text = ", ".join(f"stage {s} {v:,.0f}" for s, v in sorted(reference.items()))
             print(f"\n{corpus} corpus, {when}: exact noise scale {exact_text} tokens "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
-            for measure in args.measures.split(","):
-                batches = Batches(tokens, global_batch=M * MB_SIZE, seq_len=SEQ, seed=777)
-                trails = pipeline_estimate(stages, loss_fn, batches, steps=args.steps, num_microbatches=M,
-                                           estimators=tuple(args.estimators.split(",")), measure=measure)
-                for estimator, trail in trails.items():
-                    cells = []
-                    for s in sorted(reference):
-                        values = [row[s] for row in trail if row[s] is not None]
-                        med, last = statistics.median(values), values[-1]
-                        cells.append(f"stage {s} median {med:,.0f} (x{med / reference[s]:.2f}), last {last:,.0f} "
-                                     f"(x{last / reference[s]:.2f})")
-                    print(f"  {measure:10s} {estimator:7s} " + "; ".join(cells), flush=True)
+            batches = Batches(tokens, global_batch=M * MB_SIZE, seq_len=SEQ, seed=777)
+            trails = pipeline_estimate(stages, loss_fn, batches, steps=args.steps, num_microbatches=M,
+                                       estimators=tuple(args.estimators.split(",")),
+                                       measures=tuple(args.measures.split(",")))
+            for (measure, estimator), trail in trails.items():
+                cells = []
+                for s in sorted(reference):
+                    values = [row[s] for row in trail if row[s] is not None]
+                    med, last = statistics.median(values), values[-1]
+                    cells.append(f"stage {s} median {med:,.0f} (x{med / reference[s]:.2f}), last {last:,.0f} "
+                                 f"(x{last / reference[s]:.2f})")
+                print(f"  {measure:10s} {estimator:7s} " + "; ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -175,9 +175,10 @@ def train_cmd(
                                                     "(the published moving averages).")
     ] = DEFAULT_NOISE_ESTIMATOR,
     noise_measure: Annotated[
-        str, typer.Option("--noise-measure", help="The noise estimator's small batch: microbatch (default: one "
-                                                  "replica's micro-batch) or sequence (per-sequence gradient norms, "
-                                                  "the same whatever micro-batches and replicas split the step).")
+        str, typer.Option("--noise-measure", help="The noise estimator's small batch: sequence (default: "
+                                                  "per-sequence gradient norms, the same whatever micro-batches and "
+                                                  "replicas split the step) or microbatch (one replica's "
+                                                  "micro-batch).")
     ] = DEFAULT_NOISE_MEASURE,
     noise_window: Annotated[
         int, typer.Option("--noise-window", help="median, winsor: measured steps in the window (0: 8, or the "

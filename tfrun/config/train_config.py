@@ -30,7 +30,7 @@ DEFAULT_NOISE_ESTIMATOR = "winsor"
 NOISE_MEASURES = ("microbatch", "sequence")
 """`--noise-measure`'s choices: what the two-batch estimator's small batch is (tfrun.freeze.noise Note [noise
 measure])."""
-DEFAULT_NOISE_MEASURE = "microbatch"
+DEFAULT_NOISE_MEASURE = "sequence"
 """Chosen by measurement: docs/cost-model.md, "Which noise estimator"."""
 DEFAULT_NOISE_WINDOW = 8
 """Measured steps the window estimators keep by default (fewer when the run measures fewer)."""

@@ -132,7 +132,7 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
     stage_candidates = {s: candidates(m) for s, m in modules.items()}
     noise = NoiseMeter(modules, stage_candidates, num_microbatches=config.num_microbatches,
                        microbatch_tokens=config.microbatch_size * config.seq_len, every=config.noise_every,
-                       dp=config.dp, dp_group=dp_group, estimator=config.noise_estimator,
+                       dp=config.dp, dp_group=dp_group, dp_rank=dp_rank, estimator=config.noise_estimator,
                        window=config.noise_window_steps(), measure=config.noise_measure)
     freezer = Freezer(
         stage_candidates,

@@ -27,10 +27,10 @@ Note [noise measure]: `--noise-measure` says what the small batch is, separately
               gradient of sequence i's mean token loss (tfrun.freeze.noise_perseq Note [per-sequence norms]);
               B_big and G_step as above. S depends only on the step's sequences, not on how micro-batches and
               replicas group them, so --dp 1 and --dp 2 on the same data give the same estimate, and it is the
-              quantity tfrun.freeze.noise_reference's definition averages. S comes from a subset of the
-              micro-batches (noise_perseq Note [sequence subset]). A tensor with fewer than two sequences' norms
-              in a step (a module kind noise_perseq does not know, a tied tensor, micro-batches of one
-              sequence) is measured per micro-batch that step, as under `microbatch`.
+              quantity tfrun.freeze.noise_reference's definition averages. S comes from one sequence in four,
+              the same ones at any --dp (noise_perseq Note [sequence subset]). A tensor with fewer than two
+              sequences' norms in a step (a module kind noise_perseq does not know, a tied tensor, a step of
+              fewer than 8 sequences) is measured per micro-batch that step, as under `microbatch`.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class NoiseMeter:
 
     def __init__(self, modules: dict[int, nn.Module], stage_candidates: dict[int, list[Candidate]], *,
                  num_microbatches: int, microbatch_tokens: int, every: int, dp: int = 1, dp_group=None,
+                 dp_rank: int = 0,
                  estimator: str = DEFAULT_NOISE_ESTIMATOR, window: int = DEFAULT_NOISE_WINDOW,
                  measure: str = DEFAULT_NOISE_MEASURE) -> None:
         assert measure in NOISE_MEASURES, measure
@@ -64,14 +65,10 @@ class NoiseMeter:
         self.dp, self.dp_group = dp, dp_group
         self.names = {s: [c.name for c in cands] for s, cands in stage_candidates.items()}
         self.active = False
-        self._sq: dict[int, torch.Tensor] = {}
-        """Stage -> per tensor, the sum over this step's micro-batches of |g_m|^2 (float64)."""
-        self._n: dict[int, torch.Tensor] = {}
-        """Stage -> per tensor, how many micro-batches reached it this step."""
-        self.sequences = SequenceNorms(modules, self.names) if measure == "sequence" else None
+        self._sums: dict[int, StepSums] = {}
+        """Stage -> what this step's gradient hooks saw."""
+        self.sequences = SequenceNorms(modules, self.names, replica=dp_rank) if measure == "sequence" else None
         """`--noise-measure sequence`: the per-sequence norms (Note [noise measure]); None: per micro-batch."""
-        self._seq: dict[int, torch.Tensor] = {}
-        """sequence: stage -> (3, tensor): this step's sum over sequences of |g_i|^2, sequences, micro-batches."""
         self.smoothed: dict[int, TensorNoise] = {}
         """Stage -> its per-tensor |G|^2 and tr(Sigma), smoothed over measured steps by `estimator`."""
         self.skipped: list[int] = []
@@ -86,9 +83,7 @@ class NoiseMeter:
         for s, module in modules.items():
             params = dict(module.named_parameters())
             device = next(iter(params.values())).device if params else torch.device("cpu")
-            self._sq[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
-            self._n[s] = torch.zeros(len(self.names[s]), dtype=torch.float64, device=device)
-            self._seq[s] = torch.zeros(3, len(self.names[s]), dtype=torch.float64, device=device)
+            self._sums[s] = StepSums(len(self.names[s]), device)
             self.smoothed[s] = TensorNoise(estimator, len(self.names[s]), window, device)
             for i, name in enumerate(self.names[s]):
                 self._handles.append(params[name].register_hook(self._hook(s, i)))
@@ -96,14 +91,7 @@ class NoiseMeter:
     def _hook(self, stage: int, i: int):
         def hook(grad: torch.Tensor) -> None:
             if self.active:
-                self._sq[stage][i] += grad.detach().double().square().sum()
-                self._n[stage][i] += 1
-                if self.sequences is not None:
-                    got = self.sequences.take(stage, i)
-                    if got is not None:
-                        self._seq[stage][0, i] += got[0]
-                        self._seq[stage][1, i] += got[1]
-                        self._seq[stage][2, i] += 1
+                self._sums[stage].add(i, grad, self.sequences.take(stage, i) if self.sequences is not None else None)
 
         return hook
 
@@ -115,10 +103,8 @@ class NoiseMeter:
             self.sequences.active = self.active
             self.sequences.clear()
         if self.active:
-            for s in self._sq:
-                self._sq[s].zero_()
-                self._n[s].zero_()
-                self._seq[s].zero_()
+            for sums in self._sums.values():
+                sums.clear()
 
     def after_reduce(self, modules: dict[int, nn.Module]) -> bool:
         """The step's gradients are reduced over the replicas (and not yet rescaled): fold this step's
@@ -132,11 +118,11 @@ class NoiseMeter:
         self.skipped = []
         for s, module in modules.items():
             params = dict(module.named_parameters())
-            sq, n, seq = self._sq[s], self._n[s], self._seq[s]
+            sq, n, seq = self._sums[s].tensors()
             if self.dp > 1:
                 both = torch.cat([sq, n, seq.reshape(-1)])
                 dist.all_reduce(both, group=self.dp_group)
-                sq, n, seq = both[: len(sq)], both[len(sq): 2 * len(sq)], both[2 * len(sq):].view(3, -1)
+                sq, n, seq = both[: len(sq)], both[len(sq): 2 * len(sq)], both[2 * len(sq):].view(4, -1)
             big = torch.stack([
                 params[name].grad.detach().double().square().sum() if params[name].grad is not None
                 else torch.zeros((), dtype=torch.float64, device=sq.device) for name in self.names[s]])
@@ -153,9 +139,9 @@ class NoiseMeter:
                 per_seq = self.sequences.measured[s].to(n.device) & (n >= 1) & (seq[1] >= 2)
                 count = torch.where(per_seq, seq[1], torch.full_like(n, 2.0))
                 mean_sq = seq[0] / count
-                # tokens of one sequence: the seq[2] pairs with norms, B_small tokens each, held `count` sequences
+                # tokens of one sequence: the seq[2] pairs with norms, B_small tokens each, held seq[3] sequences
                 # (not B_big / count: the norms come from a subset, noise_perseq Note [sequence subset])
-                b_seq = b_small * seq[2] / count
+                b_seq = b_small * seq[2] / torch.where(per_seq, seq[3], torch.ones_like(n))
                 gsq = torch.where(per_seq, (b_big * g_step - b_seq * mean_sq) / (b_big - b_seq), gsq)
                 trace = torch.where(per_seq, (mean_sq - g_step) / (1 / b_seq - 1 / b_big), trace)
                 usable |= per_seq
@@ -210,6 +196,49 @@ class NoiseMeter:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+class StepSums:
+    """One stage's sums over a measured step, per tensor: |g_m|^2 over the micro-batches that reached it (n of
+    them); under the sequence measure, |g_i|^2 over the chosen sequences, those sequences, the micro-batches that
+    gave them and all those micro-batches' sequences. Kept as Python lists and folded into tensors once, at the
+    step's end: a tensor op per hook call costs more than the reduction it records."""
+
+    def __init__(self, tensors: int, device: torch.device) -> None:
+        self.tensors_, self.device = tensors, device
+        self.clear()
+
+    def clear(self) -> None:
+        self.norms: list[torch.Tensor] = []  # |g_m|, float64 scalars, one per hook call
+        self.norm_of: list[int] = []  # their tensors
+        self.seq_sq: list[torch.Tensor] = []
+        self.seq_of: list[int] = []
+        self.counts = [[0] * self.tensors_ for _ in range(4)]  # micro-batches, sequences, pairs, their sequences
+
+    def add(self, i: int, grad: torch.Tensor, sequences: tuple[torch.Tensor, int, int] | None) -> None:
+        self.norms.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float64))
+        self.norm_of.append(i)
+        self.counts[0][i] += 1
+        if sequences is not None:
+            self.seq_sq.append(sequences[0])
+            self.seq_of.append(i)
+            self.counts[1][i] += sequences[1]
+            self.counts[2][i] += 1
+            self.counts[3][i] += sequences[2]
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sum of |g_m|^2, micro-batches), each (tensors,), and the sequence measure's (4, tensors): sum of
+        |g_i|^2, sequences, pairs, their sequences; float64."""
+        counts = torch.tensor(self.counts, dtype=torch.float64, device=self.device)
+        sq = self._folded(torch.stack(self.norms).square() if self.norms else None, self.norm_of)
+        seq_sq = self._folded(torch.stack(self.seq_sq) if self.seq_sq else None, self.seq_of)
+        return sq, counts[0], torch.cat([seq_sq[None], counts[1:]])
+
+    def _folded(self, values: torch.Tensor | None, of: list[int]) -> torch.Tensor:
+        out = torch.zeros(self.tensors_, dtype=torch.float64, device=self.device)
+        if values is not None:
+            out.index_add_(0, torch.tensor(of, device=self.device), values.to(device=self.device, dtype=torch.float64))
+        return out
 
 
 def noise_scale(gsq: float, trace: float) -> float | None:

@@ -35,13 +35,23 @@ steps that are not measured.
 
 Note [sequence subset]: a measured micro-batch's norms cost about a third of its forward and backward (the
 linear layers' norms take as many multiply-adds as their weight gradients), so a step measured on all its
-micro-batches costs about 30% more, 6% of the run at --noise-every 5 (docs/cost-model.md, "Which noise
-estimator"). So a tensor's norms come from every MICROBATCH_STRIDE-th micro-batch whose forward reached it
-(the 1st, 5th, ...: micro-batches run their forwards in index order; one where it was detached does not
-count); S is their mean over sequences, still an unbiased |G|^2 + tr(Sigma) / B_small, and G_step keeps every
-micro-batch. Micro-batch i holds the same sequences whatever --dp is (tfrun.distributed.rank.replica_rows) and
-the replicas freeze alike, so the subset is the same at any --dp. (Under --freeze-method grad the forward
-cannot tell a frozen tensor: a chosen micro-batch that leaves it out of its backward gives no norms.)
+sequences costs about 30% more, 6% of the run at --noise-every 5 (docs/cost-model.md, "Which noise
+estimator"). So the norms come from one sequence in STRIDE: in micro-batch i (its i-th forward through the
+module in the measured step; micro-batches run their forwards in index order) the sequences r (row of the
+whole micro-batch, over all replicas) with (r + i) % STRIDE == 0. S is their mean, still an unbiased
+|G|^2 + tr(Sigma) / B_small; G_step keeps every micro-batch. Why these rows:
+  - the same sequences at any --dp: micro-batch i holds the same sequences whatever --dp is, replica k rows
+    [k b, (k + 1) b) of them (tfrun.distributed.rank.replica_rows), so a replica picks its rows from its
+    offset k b (`chosen_rows`), and the replicas share the work;
+  - one outlier micro-batch weighs what its share of the batch does: every micro-batch gives its share of the
+    subset (every STRIDE-th micro-batch whole would let one outlier be all of S at M = STRIDE);
+  - the offset turns with i, so micro-batches of fewer than STRIDE sequences still give norms (one in STRIDE
+    of them, at one sequence a micro-batch).
+A tensor frozen (detached) in a micro-batch's forward gives no norms there; under --freeze-method grad the
+forward cannot tell a frozen tensor, and a micro-batch that leaves it out of its backward gives none either.
+So a tensor that one micro-batch of four sequences reached in a step has one sequence's norms, too few for the
+step's estimate (tfrun.freeze.noise leaves it out of that step, as the micro-batch measure does): under heavy
+freezing its estimate comes from the steps that reached it more.
 """
 
 from __future__ import annotations
@@ -53,9 +63,20 @@ from torch import nn
 
 from tfrun.models.llama import RMSNorm
 
-MICROBATCH_STRIDE = 4
-"""A tensor's per-sequence norms come from the 1st, 5th, 9th, ... micro-batch that reaches it in a measured step:
-a quarter of the cost, from a quarter of the sequences (Note [sequence subset])."""
+STRIDE = 4
+"""Per-sequence norms come from one sequence in STRIDE of every micro-batch: a quarter of the cost, from a quarter
+of the sequences (Note [sequence subset])."""
+
+
+def chosen_rows(microbatch: int, rows: int, replica: int, stride: int = STRIDE) -> slice:
+    """The rows of one replica's share (`rows` sequences, replica `replica`) of micro-batch `microbatch` whose
+    norms are computed (Note [sequence subset]): whole-micro-batch rows r = replica x rows + j with
+    (r + microbatch) % stride == 0.
+
+    >>> chosen_rows(0, 4, 0), chosen_rows(1, 4, 0), chosen_rows(1, 2, 1), chosen_rows(2, 1, 0)
+    (slice(0, 4, 4), slice(3, 4, 4), slice(1, 2, 4), slice(2, 1, 4))
+    """
+    return slice((-(replica * rows + microbatch)) % stride, rows, stride)
 
 
 class SharedInput:
@@ -137,13 +158,13 @@ class SequenceNorms:
     """Note [per-sequence norms] for one rank's stages: `take` hands a tensor's per-sequence value to its gradient
     hook. Only stages and tensors named in `names` (a stage's trainable tensors, in tfrun.freeze.noise's order)."""
 
-    def __init__(self, modules: dict[int, nn.Module], names: dict[int, list[str]],
-                 stride: int = MICROBATCH_STRIDE) -> None:
+    def __init__(self, modules: dict[int, nn.Module], names: dict[int, list[str]], *, replica: int = 0,
+                 stride: int = STRIDE) -> None:
         self.active = False
-        self.stride = stride
-        """Norms of every stride-th micro-batch reaching a tensor only (Note [sequence subset])."""
-        self._reached: dict[tuple[int, int], int] = {}
-        """(stage, tensor) -> forwards that reached it in this measured step."""
+        self.replica, self.stride = replica, stride
+        """This rank's data-parallel index, and one sequence in `stride` gives norms (Note [sequence subset])."""
+        self._forwards: dict[int, int] = {}
+        """id(module) -> its forwards in this measured step: the micro-batch index of the next one."""
         self.microbatch_of: dict[int, Callable[[], object]] = {}
         """Stage -> the micro-batch its backward is running (set by tfrun.distributed.rank); absent: None."""
         self.in_forward: dict[int, Callable[[], bool]] = {}
@@ -151,10 +172,12 @@ class SequenceNorms:
         also runs the module on placeholders, to infer shapes); absent: always."""
         self.measured: dict[int, torch.Tensor] = {}
         """Stage -> per tensor, whether it has a per-sequence value (bool); the others are measured per micro-batch."""
-        self._pending: dict[tuple[int, int, object], tuple[torch.Tensor, int]] = {}
-        """(stage, tensor, micro-batch) -> (sum over its sequences of |g_i|^2, float64; sequences), until taken."""
-        self._last: tuple[torch.Tensor, SharedInput] | None = None
-        """The last linear layer's input (the tensor itself, to recognise the next reader) and its SharedInput."""
+        self._pending: dict[tuple[int, int, object], tuple[torch.Tensor, int, int]] = {}
+        """(stage, tensor, micro-batch) -> (sum over its chosen sequences of |g_i|^2, float64; those sequences;
+        the micro-batch's sequences), until taken."""
+        self._last: tuple[torch.Tensor, int, SharedInput] | None = None
+        """The last linear layer's input (the tensor itself, to recognise the next reader), its first chosen row
+        and its SharedInput."""
         self._handles = []
         for s, module in modules.items():
             index = {name: i for i, name in enumerate(names[s])}
@@ -180,28 +203,25 @@ class SequenceNorms:
 
     def _forward_hook(self, stage: int, module: nn.Module, kind: str, entries: list[tuple[str, int]]):
         def hook(mod, args, output) -> None:
-            if not self.active or not isinstance(output, torch.Tensor) or not output.requires_grad:
+            if not self.active or (stage in self.in_forward and not self.in_forward[stage]()):
                 return
-            if stage in self.in_forward and not self.in_forward[stage]():
+            microbatch = self._forwards.get(id(mod), 0)
+            self._forwards[id(mod)] = microbatch + 1
+            if not isinstance(output, torch.Tensor) or not output.requires_grad:
                 return
-            live = []
-            for attr, i in entries:
-                if getattr(mod, attr).requires_grad:  # (detached: frozen in this micro-batch)
-                    reached = self._reached.get((stage, i), 0)
-                    self._reached[(stage, i)] = reached + 1
-                    if reached % self.stride == 0:  # Note [sequence subset]
-                        live.append((attr, i))
-            if not live:
+            live = [(attr, i) for attr, i in entries if getattr(mod, attr).requires_grad]  # (detached: frozen)
+            rows = chosen_rows(microbatch, args[0].shape[0], self.replica, self.stride)
+            if not live or rows.start >= rows.stop:
                 return
             if kind == "linear":  # the layers reading one tensor share its Gram matrices
-                if self._last is not None and self._last[0] is args[0]:
-                    x = self._last[1]
+                if self._last is not None and self._last[0] is args[0] and self._last[1] == rows.start:
+                    x = self._last[2]
                     x.readers += 1
                 else:
-                    x = SharedInput(args[0].detach())
-                    self._last = (args[0], x)
+                    x = SharedInput(args[0].detach()[rows])
+                    self._last = (args[0], rows.start, x)
             else:
-                x = args[0].detach()
+                x = args[0].detach()[rows]
             fired = [False]
 
             def on_grad(go: torch.Tensor) -> None:
@@ -209,10 +229,11 @@ class SequenceNorms:
                     return
                 fired[0] = True
                 key = self.microbatch_of[stage]() if stage in self.microbatch_of else None
-                values = self._values(kind, mod, x, go.detach(), [attr for attr, _ in live])
                 b = go.shape[0]
+                picked = go.detach()[rows]
+                values = self._values(kind, mod, x, picked, [attr for attr, _ in live])
                 for (_, i), value in zip(live, values):
-                    self._pending[(stage, i, key)] = (value * (b * b), b)  # g_i = b x its piece
+                    self._pending[(stage, i, key)] = (value * (b * b), picked.shape[0], b)  # g_i = b x its piece
 
             output.register_hook(on_grad)
 
@@ -228,15 +249,16 @@ class SequenceNorms:
                 return [embedding_sq(x, go, mod.num_embeddings, mod.padding_idx)]
             return [rms_norm_sq(x, go, mod.eps)]
 
-    def take(self, stage: int, i: int) -> tuple[torch.Tensor, int] | None:
-        """The waiting (sum of |g_i|^2, sequences) of tensor i of `stage` in this backward's micro-batch, or None."""
+    def take(self, stage: int, i: int) -> tuple[torch.Tensor, int, int] | None:
+        """The waiting (sum of |g_i|^2, its sequences, the micro-batch's sequences) of tensor i of `stage` in this
+        backward's micro-batch, or None."""
         key = self.microbatch_of[stage]() if stage in self.microbatch_of else None
         return self._pending.pop((stage, i, key), None)
 
     def clear(self) -> None:
         """Drop values no gradient took (tensors frozen in their micro-batch)."""
         self._pending.clear()
-        self._reached.clear()
+        self._forwards.clear()
         self._last = None
 
     def close(self) -> None:

@@ -60,16 +60,19 @@ def exact(stages: dict[int, nn.Module], loss_fn, inputs: torch.Tensor, targets: 
 
 def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: int, num_microbatches: int,
                       estimators: tuple[str, ...], window: int = 8,
-                      measure: str = DEFAULT_NOISE_MEASURE) -> dict[str, list[dict[int, float | None]]]:
-    """Estimator -> per measured step, stage -> the pipeline's NoiseMeter estimate (tokens), at these fixed
-    weights: `steps` batches of `batches` (tfrun.data.Batches), each as `num_microbatches` micro-batches. One
-    meter per estimator, all fed by the same backward passes; `measure`: its small batch (tfrun.freeze.noise
-    Note [noise measure])."""
-    meters = {e: NoiseMeter(stages, {s: candidates(m) for s, m in stages.items()}, num_microbatches=num_microbatches,
-                            microbatch_tokens=batches.global_batch // num_microbatches * batches.seq_len, every=1,
-                            estimator=e, window=window, measure=measure) for e in estimators}
+                      measures: tuple[str, ...] = (DEFAULT_NOISE_MEASURE,)
+                      ) -> dict[tuple[str, str], list[dict[int, float | None]]]:
+    """(measure, estimator) -> per measured step, stage -> the pipeline's NoiseMeter estimate (tokens), at these
+    fixed weights: `steps` batches of `batches` (tfrun.data.Batches), each as `num_microbatches` micro-batches. One
+    meter per pair, all fed by the same backward passes; a measure is the estimator's small batch
+    (tfrun.freeze.noise Note [noise measure])."""
+    meters = {(measure, e): NoiseMeter(stages, {s: candidates(m) for s, m in stages.items()},
+                                       num_microbatches=num_microbatches,
+                                       microbatch_tokens=batches.global_batch // num_microbatches * batches.seq_len,
+                                       every=1, estimator=e, window=window, measure=measure)
+              for measure in measures for e in estimators}
     params = [p for m in stages.values() for p in m.parameters()]
-    out: dict[str, list] = {e: [] for e in estimators}
+    out: dict[tuple[str, str], list] = {key: [] for key in meters}
     current = [0]  # the micro-batch in backward, as a pipeline stage tells it (noise_perseq)
     for meter in meters.values():
         if meter.sequences is not None:
@@ -85,10 +88,10 @@ def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: 
             for p in params:  # .grad = their mean, as the runtime's scale_grads leaves it
                 if p.grad is not None:
                     p.grad /= num_microbatches
-            for e, meter in meters.items():
+            for key, meter in meters.items():
                 meter.after_reduce(stages)
                 estimates = meter.stage_estimates()
-                out[e].append({s: noise_scale(*estimates[s]) if s in estimates else None for s in stages})
+                out[key].append({s: noise_scale(*estimates[s]) if s in estimates else None for s in stages})
             for p in params:
                 p.grad = None
     finally:

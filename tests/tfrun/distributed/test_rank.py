@@ -43,7 +43,9 @@ def _plan(tmp_path: Path) -> Path:
     prof = profile.uniform(2, name="unit")
     d = dag.build(schedules.generate("1f1b", 2, 4), prof)
     path = tmp_path / "plan.json"
-    plan.write(plan.make_plan(d, solver.solve(d, 0.9), [0.9, 0.9], prof), path)
+    # cap 0.5: at 0.9 stage 1's tensors are reached by one micro-batch of four a step, one sequence of whose norms
+    # is computed (noise_perseq Note [sequence subset]), too few for an estimate at either --dp
+    plan.write(plan.make_plan(d, solver.solve(d, 0.5), [0.5, 0.5], prof), path)
     return path
 
 

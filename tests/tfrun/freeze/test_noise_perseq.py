@@ -13,7 +13,14 @@ torch = pytest.importorskip("torch")
 
 from tfrun.freeze.candidates import candidates  # noqa: E402
 from tfrun.freeze.noise import NoiseMeter  # noqa: E402
-from tfrun.freeze.noise_perseq import SequenceNorms, SharedInput, embedding_sq, linear_sq  # noqa: E402
+from tfrun.freeze.noise_perseq import (  # noqa: E402
+    STRIDE,
+    SequenceNorms,
+    SharedInput,
+    chosen_rows,
+    embedding_sq,
+    linear_sq,
+)
 from tfrun.models import MODELS, build_stage, loss_fn  # noqa: E402
 
 B, T = 3, 16
@@ -53,7 +60,7 @@ def test_hooks_equal_explicit_per_sequence_backward_passes(dtype, rel) -> None:
     # agrees to ~1e-7.)
     stages = _stages(dtype)
     names = {s: [c.name for c in candidates(m)] for s, m in stages.items()}
-    norms = SequenceNorms(stages, names)
+    norms = SequenceNorms(stages, names, stride=1)
     assert all(bool(m.all()) for m in norms.measured.values())  # every tensor of the model has a per-sequence value
     x, y = _batch()
     expected = _explicit(stages, x, y)  # (before the hooks are active)
@@ -61,8 +68,8 @@ def test_hooks_equal_explicit_per_sequence_backward_passes(dtype, rel) -> None:
     loss_fn(_chain(stages, x), y).backward()
     for s, stage_names in names.items():
         for i, name in enumerate(stage_names):
-            value, sequences = norms.take(s, i)
-            assert sequences == B
+            value, sequences, rows = norms.take(s, i)
+            assert sequences == rows == B
             assert float(value) == pytest.approx(expected[(s, name)], rel=rel), (s, name)
     norms.close()
 
@@ -94,8 +101,8 @@ def test_split_backward_and_frozen_microbatches_count_what_reached_each_tensor(s
     # Stage 1 of the tiny model as a pipeline stage runs it: I of micro-batches 0 and 1 (input gradients only),
     # then W of 1 and of 0 (torch.distributed.pipelining._backward). layers.3.attn.wq.weight is detached in micro-
     # batch 0's forward, layers.2.attn.wq.weight in micro-batch 1's, and layers.2.mlp.w1.weight left out of
-    # micro-batch 1's backward (Note [freeze methods]). With stride 2 a tensor's norms come from the first
-    # micro-batch whose forward reached it (Note [sequence subset]): micro-batch 1 for layers.3.attn.wq.weight.
+    # micro-batch 1's backward (Note [freeze methods]). With stride 2 the norms come from rows 0 and 2 of
+    # micro-batch 0 and row 1 of micro-batch 1 (Note [sequence subset]), where the tensor got a gradient.
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
     stage = _stages()[1]
@@ -110,7 +117,8 @@ def test_split_backward_and_frozen_microbatches_count_what_reached_each_tensor(s
     left_out = {1: "layers.2.mlp.w1.weight"}
     backward = {n: [k for k in range(2) if n not in (detached.get(k), left_out.get(k))] for n in names}
     forwards = {n: [k for k in range(2) if n != detached.get(k)] for n in names}
-    with_norms = {n: [k for k in forwards[n][::stride] if k in backward[n]] for n in names}
+    with_norms = {n: [k for k in forwards[n] if k in backward[n]] for n in names}
+    rows = [list(range(B))[chosen_rows(k, B, 0, stride)] for k in range(2)]
     gen = torch.Generator().manual_seed(2)
     xs = [torch.randn(B, T, 256, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)]
     ys = [_batch(seed=k)[1] for k in range(2)]
@@ -120,7 +128,7 @@ def test_split_backward_and_frozen_microbatches_count_what_reached_each_tensor(s
         for j in range(B):
             grads = torch.autograd.grad(loss_fn(stage(xs[k][j:j + 1]), ys[k][j:j + 1]), list(params.values()))
             for n, g in zip(params, grads):
-                if k in with_norms[n]:
+                if k in with_norms[n] and j in rows[k]:
                     expected[n] += float(g.square().sum())
     meter.begin_step(0)
     saved = []
@@ -132,11 +140,12 @@ def test_split_backward_and_frozen_microbatches_count_what_reached_each_tensor(s
     for k in (1, 0):
         current["mb"] = k
         stage_backward_weight(iter(saved[k][1]), saved[k][0])
-    seq = meter._seq[1]
+    reached, seq = meter._sums[1].tensors()[1:]
     assert with_norms["layers.3.attn.wq.weight"] == [1] and with_norms["layers.2.mlp.w1.weight"] == [0]
     for i, n in enumerate(names):
-        assert int(meter._n[1][i]) == len(backward[n]) and int(seq[2, i]) == len(with_norms[n]), n
-        assert int(seq[1, i]) == len(with_norms[n]) * B, n
+        assert int(reached[i]) == len(backward[n]) and int(seq[2, i]) == len(with_norms[n]), n
+        assert int(seq[1, i]) == sum(len(rows[k]) for k in with_norms[n]), n
+        assert int(seq[3, i]) == len(with_norms[n]) * B, n
         assert float(seq[0, i]) == pytest.approx(expected[n], rel=1e-6), n
     assert meter.after_reduce({1: stage}) and meter.stage_estimates()[1][0] != 0
     meter.close()
@@ -184,3 +193,21 @@ def test_a_tied_tensor_is_measured_per_microbatch() -> None:
     measured = dict(zip(names, norms.measured[0].tolist()))
     assert measured.pop("embed.weight") is False and all(measured.values())
     norms.close()
+
+
+@pytest.mark.parametrize("stride", [STRIDE, 3])
+def test_the_replicas_of_any_dp_choose_the_sequences_one_replica_would(stride: int) -> None:
+    # Note [sequence subset]: micro-batch i of p sequences, split in dp replicas of p / dp rows (replica_rows);
+    # the rows the replicas choose, put back in place, are those --dp 1 chooses: one in `stride` of the step's
+    # sequences over the micro-batches, each micro-batch contributing, shared across the replicas.
+    for p in range(1, 13):
+        for i in range(3 * stride):
+            alone = list(range(p))[chosen_rows(i, p, 0, stride)]
+            for dp in (d for d in range(2, p + 1) if p % d == 0):
+                rows = p // dp
+                parts = [[k * rows + j for j in range(rows)[chosen_rows(i, rows, k, stride)]] for k in range(dp)]
+                assert sorted(sum(parts, [])) == alone, (p, i, dp)
+                if rows % stride == 0:  # every replica works alike
+                    assert len({len(part) for part in parts}) == 1, (p, i, dp)
+        chosen = sum(len(list(range(p))[chosen_rows(i, p, 0, stride)]) for i in range(stride))
+        assert chosen == p, p  # over `stride` micro-batches, exactly one micro-batch's worth of sequences

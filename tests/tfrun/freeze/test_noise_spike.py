@@ -2,9 +2,10 @@
 step of a stream of batches at the tiny model's fixed weights (its two stages in one process, measured by the
 pipeline's own NoiseMeter as a step's micro-batches reach it: tfrun.freeze.noise_reference.pipeline_estimate).
 Each estimator's value after the outlier is compared with its own value on the same stream without it, so that
-what moves is the outlier's doing, not the estimate's own noise. The published moving averages move several-fold
-and stay there; the default estimator (tfrun.freeze.noise_estimators Note [robust noise]) moves less than
-SPIKE_BOUND. The same measurement for every estimator is printed by benchmarks/noise_estimators.py."""
+what moves is the outlier's doing, not the estimate's own noise. The published form (moving averages of
+micro-batch norms) moves several-fold and stays there; the default (tfrun.freeze.noise_estimators Note [robust
+noise], over per-sequence norms: tfrun.freeze.noise Note [noise measure]) moves less than SPIKE_BOUND. The same
+measurement for every estimator and measure is printed by benchmarks/noise_estimators.py."""
 
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ class _Planted:
         return x, y
 
 
-def planted_outlier(estimators: tuple[str, ...], steps: int = STEPS, spike_step: int = SPIKE_STEP
-                    ) -> dict[str, list[float]]:
-    """Estimator -> per stage, the largest ratio (either way) over the steps from `spike_step` on between its value
-    with the outlier and without it."""
+def planted_outlier(estimators: tuple[str, ...], measures: tuple[str, ...], steps: int = STEPS,
+                    spike_step: int = SPIKE_STEP) -> dict[tuple[str, str], list[float]]:
+    """(measure, estimator) -> per stage, the largest ratio (either way) over the steps from `spike_step` on between
+    its value with the outlier and without it."""
     torch = torch_or_skip()
     from tfrun.data import Batches, encode, load_corpus, split_tokens
     from tfrun.freeze.noise_reference import pipeline_estimate
@@ -48,20 +49,22 @@ def planted_outlier(estimators: tuple[str, ...], steps: int = STEPS, spike_step:
     assert not bool((corpus == UNSEEN).any())
     plain = Batches(split_tokens(corpus)[0], global_batch=M * MB_SIZE, seq_len=SEQ, seed=0)
     runs = [pipeline_estimate(stages, loss_fn, _Planted(plain, spike), steps=steps, num_microbatches=M,
-                              estimators=estimators) for spike in (None, spike_step)]
-    return {e: [max(max(a[s] / b[s], b[s] / a[s]) for a, b in zip(runs[1][e][spike_step:], runs[0][e][spike_step:]))
-                for s in (0, 1)] for e in estimators}
+                              estimators=estimators, measures=measures) for spike in (None, spike_step)]
+    return {key: [max(max(a[s] / b[s], b[s] / a[s]) for a, b in zip(runs[1][key][spike_step:],
+                                                                    runs[0][key][spike_step:])) for s in (0, 1)]
+            for key in runs[0]}
 
 
 @pytest.fixture(scope="module")
-def moves() -> dict[str, list[float]]:
-    from tfrun.config.train_config import NOISE_ESTIMATORS
+def moves() -> dict[tuple[str, str], list[float]]:
+    from tfrun.config.train_config import DEFAULT_NOISE_ESTIMATOR, DEFAULT_NOISE_MEASURE
 
-    return planted_outlier(NOISE_ESTIMATORS)
+    return planted_outlier(tuple({"ema", DEFAULT_NOISE_ESTIMATOR}), tuple({"microbatch", DEFAULT_NOISE_MEASURE}))
 
 
 def test_the_default_estimator_moves_less_than_the_bound_where_the_published_form_moves_several_fold(moves):
-    from tfrun.config.train_config import DEFAULT_NOISE_ESTIMATOR
+    from tfrun.config.train_config import DEFAULT_NOISE_ESTIMATOR, DEFAULT_NOISE_MEASURE
 
-    assert min(moves["ema"]) >= 2.0 and max(moves["ema"]) >= 3.0, moves  # several-fold, on both stages
-    assert max(moves[DEFAULT_NOISE_ESTIMATOR]) <= SPIKE_BOUND, moves
+    published = moves[("microbatch", "ema")]  # McCandlish et al.: per micro-batch, moving averages
+    assert min(published) >= 2.0 and max(published) >= 3.0, moves  # several-fold, on both stages
+    assert max(moves[(DEFAULT_NOISE_MEASURE, DEFAULT_NOISE_ESTIMATOR)]) <= SPIKE_BOUND, moves
