@@ -13,6 +13,7 @@ layers contract in pyproject.toml checks it):
   distributed/    the pipeline machinery: the one module that touches torch.distributed.pipelining (runtime),
                   a rank's assembly, the launcher and the per-step agreement on stops
   train.py        the training loop of one rank; library.py, the freezer for a user's own loop
+  retime.py       `tfrun retime`: recorded runs' steps run again side by side (Note [paired time])
   cli/            the `tfrun` command and each launched rank's worker
 errors.py (TfrunError) sits below them all.
 """

@@ -39,7 +39,7 @@ from tfrun.measure.wallclock import WallClock
 from tfrun.models import stage_numel
 from tfrun.optim.clipping import StepNorm, clip_, step_norm
 from tfrun.optim.optimizer import set_lr
-from tfrun.records import checkpoint, summarize
+from tfrun.records import checkpoint, frozen_sets, summarize
 from tfrun.records.provenance import run_identity
 from tfrun.records.tensorboard import TensorBoardLog
 
@@ -50,7 +50,7 @@ class NonFiniteStep(TfrunError):
     """A step whose loss or gradient norm was not finite ended the run (Note [non-finite steps])."""
 
 
-def _device() -> torch.device:
+def pick_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -61,7 +61,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     tfrun.distributed.signals Note [graceful stop]). The process group is set up."""
     rank = dist.get_rank()
     torch.set_num_threads(config.threads)
-    device = _device()
+    device = pick_device()
     r = build_rank(config, device, signal=baselines.signal_factory(config))
     modules, freezer, timer, state, runtime, optimizer = r.modules, r.freezer, r.timer, r.state, r.runtime, r.optimizer
     local = r.local
@@ -105,6 +105,8 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     progress = _Progress(rank == 0 and not config.quiet, config.steps, start)
     control = StepControl(config, stop, device)
     log_file = measure.MetricsLog(out, metrics) if rank == 0 else None
+    tensor_names = _gather_names(r, config.num_stages)
+    sets_file = frozen_sets.FrozenSetsLog(out, tensor_names, start) if rank == 0 else None
     board = TensorBoardLog(out) if rank == 0 and config.tensorboard else None
     clock = WallClock()  # Note [wall time]
     step_tokens = config.global_batch * config.seq_len
@@ -126,7 +128,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
                      **({"target": y.to(device), "losses": losses} if has_last else {}))
         lr = schedule.lr(config.lr, step)
         losses_finite = all(math.isfinite(v.item()) for v in losses) if has_last else None
-        check = timer.span("optimizer", _optimizer_step, r, config, step, noise, lr, losses_finite)
+        check = timer.span("optimizer", optimizer_step, r, config, step, noise, lr, losses_finite)
         dist.barrier()
         step_ms = (time.perf_counter() - t0) * 1e3
         timer.end_step()
@@ -134,7 +136,9 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         r.record_frozen(step)
         loss = _from_last_stage(sum(v.item() for v in losses) / config.num_microbatches if has_last else 0.0,
                                 has_last, device, r.dp)
-        shares = _gather_shares(r, config.num_stages, config.num_microbatches)
+        shares, frozen = _gather_shares(r, config.num_stages, config.num_microbatches)
+        if sets_file is not None:
+            sets_file.append(step, frozen, config.num_microbatches)
         row = {"step": step, "time": time.time(), "loss": loss if math.isfinite(loss) else None,
                "step_time_ms": step_ms, "tokens": step_tokens, "tokens_per_s": step_tokens / (step_ms / 1e3),
                "freeze_ratio": shares, "timed": timer.enabled, "lr": lr,
@@ -237,18 +241,29 @@ def _gather_tensor_noise(r: Rank) -> list[dict] | None:
     return None if parts is None else [row for part in parts for row in part]
 
 
-def _gather_shares(r: Rank, num_stages: int, m: int) -> list[float]:
-    """Realised mean frozen share per stage this step (every pipeline rank; replicas agree), for metrics."""
+def _gather_shares(r: Rank, num_stages: int, m: int) -> tuple[list[float], dict[tuple[int, int], frozenset[str]]]:
+    """Realised mean frozen share per stage this step, for metrics, and every action's frozen names, for
+    frozen_sets.jsonl (every pipeline rank's; replicas agree): one gather."""
     parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, dict(r.state.shares) if r.dp_rank == 0 else {})
+    dist.all_gather_object(parts, (dict(r.state.shares), dict(r.state.frozen)) if r.dp_rank == 0 else ({}, {}))
     per_stage = [0.0] * num_stages
-    for part in parts:
-        for (stage, _), share in part.items():
+    frozen: dict[tuple[int, int], frozenset[str]] = {}
+    for shares, sets in parts:
+        for (stage, _), share in shares.items():
             per_stage[stage] += share / m
-    return per_stage
+        frozen |= sets
+    return per_stage, frozen
 
 
-def _optimizer_step(r: Rank, config: TrainConfig, step: int, noise: NoiseMeter, lr: float,
+def _gather_names(r: Rank, num_stages: int) -> list[list[str]]:
+    """Every stage's tensor names, in the freezer's order (frozen_sets.jsonl's header). Collective."""
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, {s: [c.name for c in cands] for s, cands in r.freezer.stage_candidates.items()})
+    names = {s: got for part in parts for s, got in part.items()}
+    return [names[s] for s in range(num_stages)]
+
+
+def optimizer_step(r: Rank, config: TrainConfig, step: int, noise: NoiseMeter, lr: float,
                     losses_finite: bool | None) -> StepNorm:
     """The step's tail on this rank (timed as "optimizer"): the gradients averaged over the replicas
     (tfrun.distributed.rank Note [data-parallel reduction]), the noise scale's step gradient (tfrun.freeze.noise),

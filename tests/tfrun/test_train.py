@@ -142,8 +142,8 @@ def shared_runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedP
     processes (tests/shared_ranks.py: through tfrun's CLI, launcher and worker, with the process start-up paid
     once; a run is the one a separate launch makes, bit for bit where the run is deterministic): each freeze
     policy on the ratio-0.9 stress plan (40 steps, checkpoints every 10), each schedule's evaluation (2 steps,
-    unfrozen) and `tfplan profile` (its 4 measuring runs). Returns (folder, result by policy, schedule or
-    "profile")."""
+    unfrozen), `tfplan profile` (its 4 measuring runs), an unfrozen run and `tfrun retime` of it and `auto`.
+    Returns (folder, result by policy, schedule, "profile", "none" or "retime")."""
     torch_or_skip()
     from tests import shared_ranks
 
@@ -158,6 +158,11 @@ def shared_runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedP
                               "--steps", "2", "--eval-every", "1", "--out", str(root / "eval" / schedule), *FAST]
     commands["profile"] = ["tfplan", "profile", "--model", "tiny", "--stages", "2", "--microbatches", "4", "--steps",
                            "3", "--microbatch-size", "1", "--seq-len", "16", "--output", str(root / "profile.json")]
+    # the unfrozen run beside `auto`, and both re-timed side by side (tfrun.retime Note [paired time])
+    commands["none"] = ["tfrun", "train", "--plan", str(stress), "--steps", "40", "--checkpoint-every", "0",
+                        "--freeze", "none", "--eval-every", "10", "--out", str(root / "none"), *FAST]
+    commands["retime"] = ["tfrun", "retime", str(root / "none"), str(root / "auto"), "--sample-every", "10",
+                          "--block", "1", "--repeats", "2", "--out", str(root / "retime")]
     results = shared_ranks.run([(args, {}) for args in commands.values()], 2, root / "harness")
     return root, dict(zip(commands, results))
 
@@ -189,6 +194,33 @@ def test_every_tensor_learns_between_checkpoints_at_ratio_0_9(shared_runs):
     stats = json.loads((root / "auto" / "freeze_stats.json").read_text())
     assert {(row["stage"], row["name"]) for row in stats["tensors"]} == set(models["auto"][0])
     assert all(row["steps"] == 40 and 0 < row["steps_updated"] <= 40 for row in stats["tensors"])
+
+
+@pytest.mark.slow
+def test_retime_replays_what_each_run_froze_and_compare_pairs_the_gap(shared_runs):
+    from tfrun.records import compare, frozen_sets, paired
+
+    root, results = shared_runs
+    for name in ("none", "auto", "retime"):
+        assert results[name].returncode == 0, results[name].stderr
+    # frozen_sets.jsonl is what the run froze: every tensor's (step, micro-batch) contributions in freeze_stats.json
+    sets = frozen_sets.load(root / "auto")
+    assert sorted(sets.steps) == list(range(40))
+    stats = json.loads((root / "auto" / "freeze_stats.json").read_text())
+    for row in stats["tensors"]:
+        frozen = sum(row["name"] in mb for step in sets.steps.values() for mb in step[row["stage"]])
+        assert frozen == 40 * 4 - row["contributions"], row["name"]
+    assert not any(mb for step in frozen_sets.load(root / "none").steps.values() for stage in step for mb in stage)
+    # the replay froze, action by action, what the runs recorded (its own check), every 10th step, 2 repeats
+    result = paired.load(root / "retime" / "retime.json")
+    assert result["mismatched_actions"] == 0 and result["repeats"] == 2
+    assert [run["steps"] for run in result["runs"]] == [[0, 10, 20, 30]] * 2
+    assert "next: tfrun compare" in results["retime"].stdout
+    runs = [compare.load_run(root / "none"), compare.load_run(root / "auto")]
+    rows = compare.compare(runs, runs[0], result)["runs"]
+    assert rows[0]["eval_gap_same_time_paired"] == 0.0 and rows[0]["paired_speedup"] == 1.0
+    assert rows[1]["eval_gap_same_time_paired"] is not None and len(rows[1]["eval_gap_same_time_paired_repeats"]) == 2
+    assert rows[1]["paired_training_s"] > 0 and rows[1]["eval_gap_same_time"] is not None  # the raw one stays
 
 
 @pytest.mark.slow

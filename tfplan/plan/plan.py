@@ -27,7 +27,7 @@ from tfplan import __version__
 from tfplan.cost import profile as profile_mod
 from tfplan.cost.goodput import NoiseModel, PlanGoodput, plan_goodput, record_from_dict
 from tfplan.errors import TfplanError
-from tfplan.fileio import read_json, write_json_atomic, write_text_atomic
+from tfplan.fileio import field_name, read_json, write_json_atomic, write_text_atomic
 from tfplan.plan.plan_ratios import ratio_table, ratios_v2, ratios_v3, require
 from tfplan.schedule import schedules
 from tfplan.schedule.actions import parse_action
@@ -353,9 +353,9 @@ def _source(prof_obj: dict[str, Any]) -> dict[str, Any]:
         raise TfplanError(f"profile.source: at most {MAX_SOURCE_FIELDS} fields, got {len(source)}")
     for key, value in source.items():
         if isinstance(value, float) and not math.isfinite(value):
-            raise TfplanError(f"profile.source.{key}: must be finite, got {value}")
+            raise TfplanError(f"profile.source.{field_name(key)}: must be finite, got {value}")
         if not isinstance(value, (str, int, float, bool, type(None))):
-            raise TfplanError(f"profile.source.{key}: must be a string, number, boolean or null")
+            raise TfplanError(f"profile.source.{field_name(key)}: must be a string, number, boolean or null")
     return dict(source)
 
 

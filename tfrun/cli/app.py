@@ -10,6 +10,7 @@ Examples:
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -43,6 +44,10 @@ def compare_cmd(
     plot: Annotated[str | None, typer.Option("--plot", help="Write the curves to this PNG (matplotlib).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Compare runs of another model, data, seed or batch.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    paired_file: Annotated[
+        str | None, typer.Option("--paired", help="A `tfrun retime` output (OUT/retime.json): add the gap at equal "
+                                                  "time on its side-by-side time axis, which drift cannot move.")
+    ] = None,
 ) -> None:
     """What each method buys and costs: training time (wall time, evaluation excluded), tokens/s over it and
     the speedup against the unfrozen run (and, labelled, the median step's), realised freeze ratio, final
@@ -53,7 +58,7 @@ def compare_cmd(
     """
     from rich.table import Table
 
-    from tfrun.records import compare
+    from tfrun.records import compare, paired
 
     with user_errors(TfrunError):
         if len(runs) < 2:
@@ -62,7 +67,7 @@ def compare_cmd(
         if not force:
             compare.check_comparable(loaded)
         base = compare.pick_baseline(loaded, baseline, force)
-        result = compare.compare(loaded, base)
+        result = compare.compare(loaded, base, paired.load(paired_file) if paired_file else None)
         if plot:
             compare.plot(loaded, plot)
         if as_json:
@@ -71,7 +76,8 @@ def compare_cmd(
         table = Table(title=f"against {base.dir} (target eval loss {result['target_eval_loss']:.4f}; training time "
                             "is wall time, evaluation excluded)", title_justify="left", show_edge=False)
         for col in ("run", "method", "training time", "tokens/s", "speedup", "median step speedup", "freeze ratio",
-                    "train loss", "eval loss", "eval gap", "gap at equal time", "time to target"):
+                    "train loss", "eval loss", "eval gap", "gap at equal time", *(
+                        ("paired gap (spread)",) if paired_file else ()), "time to target"):
             table.add_column(col, justify="left" if col in ("run", "method") else "right")
         for row in result["runs"]:
             ratio = (" ".join(f"{r:.2f}" for r in row["freeze_ratio_per_stage"] or []) if per_stage
@@ -84,12 +90,54 @@ def compare_cmd(
                           f"{row['final_eval_loss']:.4f}" if row["final_eval_loss"] is not None else "-",
                           f"{row['eval_gap']:+.2%}" if row["eval_gap"] is not None else "-",
                           f"{row['eval_gap_same_time']:+.2%}" if row["eval_gap_same_time"] is not None else "-",
+                          *((_paired_cell(row),) if paired_file else ()),
                           f"{reached:.0f} s" if reached is not None else "not reached")
         # off a terminal rich assumes 80 columns and wraps every cell; a file gets the table whole
         console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
         console.print(table)
         if plot:
             console.print(f"plot written to {plot}")
+
+
+def _paired_cell(row: dict) -> str:
+    gap = row.get("eval_gap_same_time_paired")
+    return "-" if gap is None else f"{gap:+.2%} ({row['eval_gap_same_time_paired_spread'] * 100:.2f} pp)"
+
+
+@app.command("retime")
+def retime_cmd(
+    runs: Annotated[list[str], typer.Argument(help="Run folders of `tfrun train` (two or more), the baseline among "
+                                                   "them.")],
+    baseline: Annotated[
+        str | None, typer.Option("--baseline", help="The reference run (default: the --freeze none one).")
+    ] = None,
+    out: Annotated[str, typer.Option("--out", help="Output folder: retime.json and the ranks' logs.")] = "runs/retime",
+    sample_every: Annotated[int, typer.Option("--sample-every", min=1, help="Replay every K-th step of each run.")
+                            ] = 10,
+    block: Annotated[int, typer.Option("--block", min=1, help="Sampled steps a run replays before the next run's "
+                                                             "turn.")] = 3,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Times the whole replay runs (its spread is the "
+                                                                  "instrument's).")] = 3,
+    force: Annotated[bool, typer.Option("--force", help="Replay runs of another model, data, seed or batch.")] = False,
+) -> None:
+    """Time recorded runs again side by side (tfrun.retime Note [paired time]): every run's recorded frozen sets,
+    replayed in alternating blocks on one launch of ranks, so that the machine's drift lands on all of them
+    alike. Then `tfrun compare RUN... --paired OUT/retime.json` gives the gap at equal time on that time axis.
+
+    Example: tfrun retime runs/none runs/plan --out runs/retime && tfrun compare runs/none runs/plan --paired
+    runs/retime/retime.json
+    """
+    from tfrun import retime
+
+    with user_errors(TfrunError):
+        result = retime.retime(runs, baseline=baseline, out=out, sample_every=sample_every, block=block,
+                                repeats=repeats, force=force)
+        for run in result["runs"]:
+            medians = [statistics.median(ms) for ms in run["step_ms"]]
+            print(f"{run['dir']}: {len(run['steps'])} steps replayed, median step "
+                  + ", ".join(f"{m:.1f}" for m in medians) + " ms (per repeat)")
+        print(f"wrote {Path(out) / 'retime.json'} ({result['seconds']:.0f} s); "
+              f"next: tfrun compare {' '.join(runs)} --paired {Path(out) / 'retime.json'}")
 
 
 @app.command("profile")

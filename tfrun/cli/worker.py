@@ -51,7 +51,12 @@ def run_worker(config: TrainConfig) -> int:
         if rank == 0:
             stop.stop_file.unlink(missing_ok=True)  # a stale request; the first step's barrier orders this
         _maybe_inject_fault(rank, -1)
-        train.run(config, fault_hook=lambda step: _maybe_inject_fault(rank, step), stop=stop)
+        if config.retime is not None:
+            from tfrun import retime
+
+            retime.run(config)
+        else:
+            train.run(config, fault_hook=lambda step: _maybe_inject_fault(rank, step), stop=stop)
         dist.barrier()  # leave together: no rank tears its group down while rank 0 still writes the outputs
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher, then exits 1

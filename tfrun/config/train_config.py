@@ -206,6 +206,9 @@ class TrainConfig:
     """Data-parallel replicas of the pipeline (world = dp x pipeline ranks; tfrun.distributed.rank)."""
     init_from: str | None = None
     """Start from this run's latest checkpoint (its weights; a fresh optimizer and data position)."""
+    retime: str | None = None
+    """A `tfrun retime` spec (JSON): the ranks replay the recorded runs it names instead of training (tfrun.retime
+    Note [paired time])."""
 
     @property
     def num_ranks(self) -> int:

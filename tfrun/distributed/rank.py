@@ -123,9 +123,10 @@ def layout(config: TrainConfig) -> tuple[int, int, object, object]:
     return mesh.get_local_rank("pp"), mesh.get_local_rank("dp"), mesh.get_group("pp"), mesh.get_group("dp")
 
 
-def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Rank:
+def build_rank(config: TrainConfig, device: torch.device, *, signal=None, freezer_class: type = Freezer) -> Rank:
     """Build this process's rank for `config` (the process group is set up). `signal`: a baseline's, for the
-    freezer (tfrun.freeze.baselines; the training loop passes tfrun.train.baseline_signal)."""
+    freezer (tfrun.freeze.baselines; the training loop passes tfrun.train.baseline_signal); `freezer_class`:
+    Freezer or a subclass (tfrun retime's ReplayFreezer)."""
     pp_rank, dp_rank, pp_group, dp_group = layout(config)
     local = [s for s, r in enumerate(config.stage_to_rank) if r == pp_rank]
     modules = {s: build(config.model, s, config.num_stages, config.seed, device=device) for s in local}
@@ -134,7 +135,7 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None) -> Ran
                        microbatch_tokens=config.microbatch_size * config.seq_len, every=config.noise_every,
                        dp=config.dp, dp_group=dp_group, dp_rank=dp_rank, estimator=config.noise_estimator,
                        window=config.noise_window_steps(), measure=config.noise_measure)
-    freezer = Freezer(
+    freezer = freezer_class(
         stage_candidates,
         planned_ratios(config, local),
         num_microbatches=config.num_microbatches,

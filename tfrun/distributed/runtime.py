@@ -72,11 +72,14 @@ class StepState:
     """(stage, mb) -> realised frozen share this step."""
     frozen_counts: dict[tuple[int, str], int] = field(default_factory=dict)
     """(stage, parameter name) -> micro-batches in which it was frozen this step (--grad-rescale, stats)."""
+    frozen: dict[tuple[int, int], frozenset[str]] = field(default_factory=dict)
+    """(stage, mb) -> the names it froze this step (frozen_sets.jsonl, tfrun retime)."""
 
     def begin(self, step: int) -> None:
         self.step = step
         self.shares.clear()
         self.frozen_counts.clear()
+        self.frozen.clear()
 
 
 @dataclass(slots=True)
@@ -109,6 +112,7 @@ class _TimedFreezingStage:
         sel = tf.freezer.selection(tf.state.step, self.stage_index, mb)
         if (self.stage_index, mb) not in tf.state.shares:
             tf.state.shares[(self.stage_index, mb)] = sel.share
+            tf.state.frozen[(self.stage_index, mb)] = sel.names
             for name in sel.names:
                 key = (self.stage_index, name)
                 tf.state.frozen_counts[key] = tf.state.frozen_counts.get(key, 0) + 1

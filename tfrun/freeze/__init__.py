@@ -11,4 +11,5 @@ Read in this order:
   baselines.py    APF and AutoFreeze, the methods people already use
   drift.py        the online mode's check that the plan's action times are still the run's (Note [drift])
   online.py       online TimelyFreeze: measure, probe, solve, freeze and re-plan inside the run
+  replay.py       a recorded run's frozen sets, frozen again (`tfrun retime`)
 """

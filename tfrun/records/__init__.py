@@ -6,6 +6,8 @@ Read in this order:
   provenance.py   what a run may trust: a plan's profile against the run, a resume against its checkpoint
   summarize.py    summary.json, for every kind of run
   tensorboard.py  `--tensorboard`: the metrics rows as TensorBoard scalars
-  compare.py      `tfrun compare`: methods side by side at equal time
+  frozen_sets.py  frozen_sets.jsonl: what every action of every step froze (for `tfrun retime`)
+  paired.py       the gap at equal time on the time axis `tfrun retime` measured side by side
+  compare.py      `tfrun compare`: methods side by side at equal time (and, --paired, on that axis)
   export.py       `tfrun export`: a run's weights as a Hugging Face checkpoint
 """

@@ -12,7 +12,9 @@ mean freeze ratio (over stages and steps); final train and eval loss; the eval g
 to target: the training time until the run's eval loss first reaches the baseline's final eval loss, or
 None; and the gap at equal time: the run's final eval loss against the baseline's eval loss after the same
 training time (linear between the baseline's evaluations; None outside them), which is what a faster
-method that ends at a higher loss must beat: the baseline stopped early. Runs that are not comparable
+method that ends at a higher loss must beat: the baseline stopped early. With `--paired` (tfrun.records.paired)
+the same gap on the time axis `tfrun retime` measured side by side, which the machine's drift cannot move, labelled
+apart from the raw one. Runs that are not comparable
 (model, data, seed, batch shape) are refused unless forced.
 Reads only files (metrics.jsonl, summary.json, run_config.json); no torch.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from tfplan.fileio import write_bytes_atomic
 from tfrun.errors import TfrunError
+from tfrun.records import paired
 
 COMPARABLE = ("model", "model_hash", "data_path", "tokenizer_path", "seed", "microbatch_size", "seq_len",
               "num_microbatches", "init_from")
@@ -182,8 +185,12 @@ def loss_at(points: list[tuple[int, float, float]], seconds: float) -> float | N
     return None
 
 
-def compare(runs: list[Run], base: Run) -> dict:
-    """The comparison as JSON: {"baseline": DIR, "runs": [...]} (module docstring)."""
+def compare(runs: list[Run], base: Run, retime: dict | None = None) -> dict:
+    """The comparison as JSON: {"baseline": DIR, "runs": [...]} (module docstring); with `retime` (a `tfrun retime`
+    output, tfrun.records.paired) also the gap at equal paired time."""
+    base_timing = paired.timing_of(retime, base.dir) if retime is not None else None
+    if retime is not None and base_timing is None:
+        raise TfrunError(f"the baseline {base.dir} was not re-timed in the --paired file: retime it with the others")
     target = base.summary.get("final_eval_loss")
     base_points = base.eval_points  # a property that walks every step: once, not once per run
     base_speed = base.tokens / base.training_s
@@ -208,6 +215,9 @@ def compare(runs: list[Run], base: Run) -> dict:
             "baseline_eval_at_same_time": base_then,
             "eval_gap_same_time": (last[2] - base_then) / base_then if base_then else None,
         })
+        if base_timing is not None:
+            rows[-1] |= paired.paired_fields(run.steps, paired.timing_of(retime, run.dir), base.steps, base_timing,
+                                             run.tokens, base.tokens, loss_at)
     return {"baseline": base.dir, "target_eval_loss": target, "runs": rows}
 
 

@@ -297,3 +297,9 @@ def test_a_key_with_a_newline_stays_on_one_line() -> None:
     with pytest.raises(TfplanError) as info:
         plan_mod.from_dict(obj)
     assert str(info.value).startswith('solver.phases[2]."\\n": unknown field') and "\n" not in str(info.value)
+    # and again (2026-12-04): a profile.source key "\n" holding a list
+    obj = json.loads(json.dumps(SMALL_PLAN))
+    obj["profile"]["source"]["\n"] = []
+    with pytest.raises(TfplanError) as info:
+        plan_mod.from_dict(obj)
+    assert str(info.value).startswith('profile.source."\\n": must be a string') and "\n" not in str(info.value)

@@ -1,0 +1,66 @@
+"""tfrun.records.paired: the gap at equal time on `tfrun retime`'s time axis. Closed forms on made-up runs: a
+run whose raw wall times a slow spell of the machine inflated, re-timed side by side, gets the gap its re-timed
+steps give; sampled steps stand for the steps after them; the time between steps is the run's own."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tfrun.errors import TfrunError
+from tfrun.records import compare, paired
+
+
+def _rows(step_ms: list[float], losses: dict[int, float], between_ms: float = 0.0) -> list[dict]:
+    return [{"step": n, "step_time_ms": ms, "wall_ms": ms + between_ms, "tokens": 100,
+             **({"eval_loss": losses[n]} if n in losses else {})} for n, ms in enumerate(step_ms)]
+
+
+def _timing(steps: list[int], *repeats: list[float]) -> dict:
+    return {"dir": "x", "steps": steps, "step_ms": [list(r) for r in repeats]}
+
+
+def test_sampled_steps_stand_for_the_steps_after_them_plus_the_runs_own_time_between_steps() -> None:
+    rows = _rows([999.0] * 4, {1: 3.0, 3: 2.0}, between_ms=10.0)  # raw step times do not matter
+    points, seconds = paired.paired_points(rows, _timing([0, 2], [100.0, 300.0]), 0)
+    assert points == [(1, pytest.approx(0.22), 3.0), (3, pytest.approx(0.84), 2.0)]  # 2 x 110 ms, + 2 x 310 ms
+    assert seconds == pytest.approx(0.84)
+
+
+def test_the_paired_gap_ignores_a_slow_spell_that_moved_the_raw_one() -> None:
+    # The baseline's loss falls linearly 4 -> 2 over 8 steps; the method's steps cost half (re-timed: 50 against
+    # 100 ms), and it ends at 2.5 after its 8 steps: at equal time (0.4 s) the baseline was at 3.0, a gap of
+    # -1/6. The method's raw run met a slow spell (its steps 3x slower): its raw gap says it lost.
+    base = _rows([100.0] * 8, {n: 4.0 - 2.0 * (n + 1) / 8 for n in range(8)})
+    method = _rows([300.0] * 8, {7: 2.5})
+    steps = list(range(8))
+    fields = paired.paired_fields(method, _timing(steps, [50.0] * 8, [52.0] * 8), base,
+                                  _timing(steps, [100.0] * 8, [100.0] * 8), 800, 800, compare.loss_at)
+    # repeat 2: 8 x 52 ms = 0.416 s, where the baseline was at 4 - 2.5 x 0.416 = 2.96
+    assert fields["eval_gap_same_time_paired_repeats"] == pytest.approx([2.5 / 3.0 - 1, 2.5 / 2.96 - 1])
+    assert fields["eval_gap_same_time_paired"] == pytest.approx((2.5 / 3.0 + 2.5 / 2.96) / 2 - 1)
+    assert fields["eval_gap_same_time_paired_spread"] == pytest.approx(2.5 / 2.96 - 2.5 / 3.0)
+    assert fields["paired_speedup"] == pytest.approx((2.0 + 100 / 52) / 2)
+    raw = compare.loss_at(compare.Run(dir="b", config={}, summary={}, steps=base).eval_points, 2.4)
+    assert raw is None  # the raw run took 2.4 s, past the baseline's last evaluation: no raw gap at all
+
+
+def test_a_run_not_retimed_has_no_paired_columns() -> None:
+    fields = paired.paired_fields(_rows([1.0], {0: 1.0}), None, [], _timing([0], [1.0]), 1, 1, compare.loss_at)
+    assert set(fields.values()) == {None}
+
+
+@pytest.mark.parametrize("obj,expect", [
+    ({"schema_version": 2}, "schema_version must be 1"),
+    ({"schema_version": 1, "runs": []}, "runs is empty"),
+    ({"schema_version": 1, "runs": [{"dir": "a", "steps": [0, 5], "step_ms": [[1.0]]}]}, r"runs\[0\] needs"),
+    ({"schema_version": 1, "runs": [{"dir": "a", "steps": [0], "step_ms": [[0.0]]}]}, "not positive"),
+])
+def test_a_bad_retime_file_is_one_line(tmp_path, obj, expect) -> None:
+    path = tmp_path / "retime.json"
+    path.write_text(json.dumps(obj))
+    with pytest.raises(TfrunError, match=expect):
+        paired.load(path)
+    with pytest.raises(TfrunError, match="does not exist"):
+        paired.load(tmp_path / "missing.json")
