@@ -8,10 +8,18 @@ Regimes (--regime):
             Its batch sits below the measured noise scale (docs/results.md).
   scratch   early training from the random initialisation on pydoc topics, 1F1B, 16 micro-batches (8,192 tokens
             a step), 100 steps, lr 1e-3: where the noise scale is small, so the batch is several times it.
+  crossing  from the random initialisation on pydoc topics, 1F1B, 8 micro-batches (4,096 tokens a step), 300
+            steps, lr 1e-3: the measured noise scale grows from about 200 tokens past the batch during the run
+            (issue 38), so the right amount of freezing shrinks as it goes.
 Methods (--methods): none; plan-C (the TimelyFreeze makespan plan at cap C from the shipped measured profile);
 uniform-0.9 (the cap-0.9 plan's mean ratio everywhere); apf; autofreeze; the hybrids; goodput (tfplan solve
 --objective goodput at cap 0.9 on the shipped profile with the noise scale measured, as a user would, by a
-20-step unfrozen run from the regime's starting weights: OUT/<regime>/seedS/noise-probe).
+20-step unfrozen run from the regime's starting weights: OUT/<regime>/seedS/noise-probe); timely-goodput (the
+online mode re-planning for goodput as the noise scale drifts, cap 0.9); timely-0.9 (the online makespan mode).
+
+Equal time is measured twice: raw (each run's own wall time, which carries the machine's drift between runs) and
+paired (`tfrun retime` over all of a seed's runs at once, then `tfrun compare --paired`: tfrun.retime Note
+[paired time]); the regret of a method is its paired gap less the best plan cap's at that seed.
 
 For each regime and seed: `tfrun compare` (table, JSON, curves), the noise scale of the unfrozen run over its
 steps, APF's per-scalar statistic, and the learning model's prediction (tfplan.cost.goodput: efficiency from each
@@ -39,6 +47,7 @@ MODEL, MB_SIZE, SEQ = "tiny", 4, 128
 REGIMES = {
     "finetune": {"m": 8, "steps": 300, "lr": "3e-4", "eval_every": 25, "data": ["--data", "stdlib"], "base": True},
     "scratch": {"m": 16, "steps": 100, "lr": "1e-3", "eval_every": 10, "data": [], "base": False},
+    "crossing": {"m": 8, "steps": 300, "lr": "1e-3", "eval_every": 25, "data": [], "base": False},
 }
 METHODS = {  # name -> (freeze mode, cap, extra options); goodput: a plan solved with --objective goodput
     "none": ("none", 0.9, []),
@@ -54,7 +63,10 @@ METHODS = {  # name -> (freeze mode, cap, extra options); goodput: a plan solved
     "timely+apf-0.9": ("timely+apf", 0.9, []),
     "timely+autofreeze-0.9": ("timely+autofreeze", 0.9, []),
     "goodput": ("plan", 0.9, []),
+    "timely-goodput": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9"]),
+    "timely-0.9": ("timely", 0.9, ["--max-freeze-ratio", "0.9"]),
 }
+CAPS = ("plan-0.3", "plan-0.6", "plan-0.9")  # the fixed plans the regret is taken against
 DEFAULT_METHODS = "none,plan-0.3,plan-0.6,plan-0.9,uniform-0.9,apf,autofreeze,goodput"
 
 
@@ -202,6 +214,25 @@ def apf_report(folder: Path, shares=(0.1, 0.2, 0.3, 0.5, 0.7, 0.9)) -> str:
     return "\n".join(lines)
 
 
+def regret_table(seeds: list[dict]) -> str:
+    """Per method: the paired gap at equal time per seed, and its regret against the best plan cap at that seed
+    (the best fixed plan in hindsight); the raw gap beside it."""
+    lines = ["gap at equal time, paired (raw), and regret against the best of " + ", ".join(CAPS) + " per seed:"]
+    for i, row in enumerate(seeds[0]["runs"]):
+        cells = []
+        for compared in seeds:
+            by_name = {Path(r["dir"]).name: r for r in compared["runs"]}
+            mine = compared["runs"][i]
+            best = min((by_name[c]["eval_gap_same_time_paired"] for c in CAPS
+                        if c in by_name and by_name[c].get("eval_gap_same_time_paired") is not None), default=None)
+            gap, raw = mine.get("eval_gap_same_time_paired"), mine["eval_gap_same_time"]
+            regret = "-" if gap is None or best is None else f"{gap - best:+.2%}"
+            cells.append(f"{'-' if gap is None else f'{gap:+.2%}'} ({'-' if raw is None else f'{raw:+.2%}'}) "
+                         f"regret {regret}")
+        lines.append(f"  {Path(row['dir']).name:24s} " + "; ".join(cells))
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -211,6 +242,8 @@ def main() -> None:
     ap.add_argument("--methods", default=DEFAULT_METHODS)
     ap.add_argument("--flat", type=float, default=0.01, help="pretraining stops below this gain per 200 steps")
     ap.add_argument("--max-pretrain", type=int, default=3000)
+    ap.add_argument("--retime-every", type=int, default=20, help="tfrun retime --sample-every (0: no paired gap)")
+    ap.add_argument("--retime-repeats", type=int, default=3)
     args = ap.parse_args()
     regime = REGIMES[args.regime]
     m, steps = regime["m"], args.steps or regime["steps"]
@@ -250,8 +283,15 @@ def main() -> None:
                 (where / f"seed{seed}-{name}-apf.txt").write_text(report + "\n")
                 print(report, flush=True)
         names = [str(f) for f in folders.values()]
-        table = run(["tfrun", "compare", *names, "--per-stage", "--plot", str(where / f"seed{seed}.png")])
-        compared = json.loads(run(["tfrun", "compare", *names, "--json"]))
+        paired = []
+        if args.retime_every and "none" in folders:
+            retimed = where / f"seed{seed}-retime"
+            if not (retimed / "retime.json").exists():
+                print(run(["tfrun", "retime", *names, "--out", str(retimed), "--sample-every",
+                           str(args.retime_every), "--repeats", str(args.retime_repeats)]), flush=True)
+            paired = ["--paired", str(retimed / "retime.json")]
+        table = run(["tfrun", "compare", *names, "--per-stage", "--plot", str(where / f"seed{seed}.png"), *paired])
+        compared = json.loads(run(["tfrun", "compare", *names, "--json", *paired]))
         (where / f"seed{seed}.txt").write_text(table)
         (where / f"seed{seed}.json").write_text(json.dumps(compared, indent=1))
         print(table, flush=True)
@@ -261,6 +301,7 @@ def main() -> None:
             (where / f"seed{seed}-predictions.txt").write_text(text + "\n")
             print(text, flush=True)
     seeds = [json.loads((where / f"seed{s}.json").read_text()) for s in args.seeds.split(",")]
+    print(regret_table(seeds), flush=True)
     if len(seeds) > 1:
         print("across seeds (median [min, max]):")
         for i, row in enumerate(seeds[0]["runs"]):

@@ -5,9 +5,12 @@ to 18% between runs an hour apart, more than the gaps between methods at equal t
 measured again, for every run at once, in one launch: each run's recorded steps (frozen_sets.jsonl: what every
 (stage, micro-batch) action froze; which steps measured the noise scale or timed their actions, from
 metrics.jsonl) are replayed in short blocks, the runs alternating block by block (A B C, then B C A, ...), so a
-slow spell of the machine lands on every run alike. Only every `sample_every`-th step is replayed (steps in
-between are taken to cost what the sampled step before them did: frozen sets change by windows of steps), and
-the whole is repeated `repeats` times, whose spread says how far the instrument itself moves.
+slow spell of the machine lands on every run alike. Only one step in each window of `sample_every` is replayed,
+and it stands for its window: the step is drawn at random in the window, afresh in every repeat and the same
+for every run (a fixed step would always be the one that measures the noise scale, every 5th, or never the one
+that runs a baseline's check, every 10th: a cost paid one step in K is billed K times or never), so that each
+repeat's time is an unbiased sample of the run's. The whole is repeated `repeats` times; their spread is the
+instrument's own, sampling included.
 
 What a replayed step runs is what the run's step ran: the same model and schedule, the batch of that step, the
 recorded frozen sets (tfrun.freeze.replay), the noise measurement and action timing where the run had them, the
@@ -23,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import time
 from pathlib import Path
 
@@ -40,8 +44,23 @@ from tfrun.records import frozen_sets
 from tfrun.train import optimizer_step, pick_device
 
 SCHEMA_VERSION = 1
-SAME = ("order", "stage_to_rank", "dp", "freeze_method", "noise_measure", "precision")
-"""Settings every replayed run must share with the baseline: one launch of ranks runs them all."""
+SAME = ("model", "microbatch_size", "seq_len", "num_microbatches", "order", "stage_to_rank", "dp", "freeze_method",
+        "noise_measure", "precision")
+"""Settings every replayed run must share with the baseline, --force or not: one launch of ranks runs them all."""
+SEED = 0
+"""Of the sampled steps' draws (Note [paired time])."""
+
+
+def sampled_steps(steps: int, every: int, repeats: int, seed: int = SEED) -> list[list[int]]:
+    """Per repeat, one step drawn in each window [w every, (w + 1) every) of a run of `steps` steps (the last
+    window may be shorter); the same draws for every run of that length (Note [paired time]).
+
+    >>> sampled_steps(25, 10, 2)
+    [[8, 17, 22], [2, 15, 22]]
+    """
+    rng = random.Random(seed)
+    draws = [[rng.random() for _ in range(0, steps, every)] for _ in range(repeats)]
+    return [[w * every + int(u * min(every, steps - w * every)) for w, u in enumerate(row)] for row in draws]
 
 
 def retime(runs: list[str], *, baseline: str | None, out: str, sample_every: int, block: int, repeats: int,
@@ -60,18 +79,29 @@ def retime(runs: list[str], *, baseline: str | None, out: str, sample_every: int
     base = compare.pick_baseline(loaded, baseline, force)
     if base not in loaded:
         loaded.append(base)
+    folder = Path(out)
+    if any(folder.resolve() == Path(run.dir).resolve() for run in loaded) or (folder / "metrics.jsonl").exists():
+        raise TfrunError(f"--out {out} is a run's folder: retime writes its own (run_config.json, retime.json)")
+    spec_runs = []
     for run in loaded:
-        frozen_sets.load(run.dir)  # each rank reads them; a missing or malformed one fails here, in one line
         for key in SAME:
             if run.config.get(key) != base.config.get(key):
                 raise TfrunError(f"{run.dir} differs from the baseline in {key}: runs replayed on one launch of "
                                  "ranks must share it")
-    spec = {"baseline": base.dir, "sample_every": sample_every, "block": block, "repeats": repeats, "runs": [
-        {"dir": run.dir, "steps": [row["step"] for row in run.steps if row["step"] % sample_every == 0] or
-         [run.steps[0]["step"]],
-         "noise_steps": [row["step"] for row in run.steps if "noise_scale_tokens" in row],
-         "timed_steps": [row["step"] for row in run.steps if row.get("timed")]} for run in loaded]}
-    folder = Path(out)
+        recorded = frozen_sets.load(run.dir)  # each rank reads it; a missing or malformed one fails here
+        numbers = [row["step"] for row in run.steps]
+        if numbers != list(range(len(numbers))):
+            raise TfrunError(f"{run.dir}: metrics.jsonl's steps are not 0, 1, 2, ...: not one whole run")
+        chosen = sampled_steps(len(numbers), sample_every, repeats)
+        missing = sorted({n for row in chosen for n in row} - set(recorded.steps))
+        if missing:
+            raise TfrunError(f"{run.dir}: frozen_sets.jsonl has no step {missing[0]} (a run resumed from one "
+                             "written before tfrun recorded its frozen sets?): it cannot be replayed")
+        spec_runs.append({"dir": run.dir, "steps": chosen,
+                          "noise_steps": [row["step"] for row in run.steps if "noise_scale_tokens" in row],
+                          "timed_steps": [row["step"] for row in run.steps if row.get("timed")]})
+    spec = {"baseline": base.dir, "sample_every": sample_every, "block": block, "repeats": repeats,
+            "runs": spec_runs}
     folder.mkdir(parents=True, exist_ok=True)
     spec_path = folder / "retime_spec.json"
     write_text_atomic(spec_path, json.dumps(spec, indent=1) + "\n")
@@ -89,20 +119,21 @@ def run(config: TrainConfig) -> dict | None:
     dev = pick_device()
     r = build_rank(config, dev, freezer_class=ReplayFreezer)
     r.state.freezing = True  # (the baseline's config says --freeze none; what freezes is the recorded sets)
+    r.noise.every = 0  # measured only where each run measured (forced)
     runs = spec["runs"]
     noise_steps, timed_steps = [set(run["noise_steps"]) for run in runs], [set(run["timed_steps"]) for run in runs]
     recorded = [frozen_sets.load(run["dir"]) for run in runs]
+    configs = [TrainConfig.load(Path(run["dir"]) / "run_config.json") for run in runs]  # (clipping, rescaling)
     signals = []
-    for run in runs:
-        factory = baselines.signal_factory(TrainConfig.load(Path(run["dir"]) / "run_config.json"))
+    for run_config in configs:
+        factory = baselines.signal_factory(run_config)
         signals.append(factory(r.freezer.stage_candidates) if factory is not None else None)
     tokens = split_tokens(rank_tokens(config.data_path, token_cache=config.token_cache,
                                       token_dtype=config.token_dtype))[0]
     batches = Batches(tokens, global_batch=config.global_batch, seq_len=config.seq_len, seed=config.seed)
     has_first, has_last = 0 in r.local, config.num_stages - 1 in r.local
     m = config.num_microbatches
-
-    mismatched = [0]  # (stage, micro-batch) actions that froze other than recorded: the replay's self-check
+    mismatched = [0]  # (stage, micro-batch) actions whose frozen set was not the record's: every action ran
 
     def one_step(k: int, step: int) -> float:
         """Run step `step` of run k as it ran; its time in ms (every rank's, bounded by barriers)."""
@@ -117,7 +148,7 @@ def run(config: TrainConfig) -> dict | None:
         r.runtime.step(*((x.to(dev),) if has_first else ()),
                        **({"target": y.to(dev), "losses": losses} if has_last else {}))
         finite = all(bool(torch.isfinite(v)) for v in losses) if has_last else None
-        optimizer_step(r, config, step, r.noise, 0.0, finite)
+        r.timer.span("optimizer", optimizer_step, r, configs[k], step, r.noise, 0.0, finite)
         dist.barrier()
         ms = (time.perf_counter() - t0) * 1e3
         r.timer.end_step()
@@ -129,20 +160,21 @@ def run(config: TrainConfig) -> dict | None:
     def use(k: int) -> None:
         r.freezer.replay(recorded[k], signals[k])
 
+    block, repeats = int(spec["block"]), int(spec["repeats"])
     for k, run in enumerate(runs):  # warm-up: each run's first sampled step once, untimed
         use(k)
-        one_step(k, run["steps"][0])
-    block, repeats = int(spec["block"]), int(spec["repeats"])
-    times = [[[None] * len(run["steps"]) for _ in range(repeats)] for run in runs]
-    longest = max(len(run["steps"]) for run in runs)
+        one_step(k, run["steps"][0][0])
+    times: list[list[list[float | None]]] = [[[None] * len(row) for row in run["steps"]] for run in runs]
     started = time.time()
     for repeat in range(repeats):
+        longest = max(len(run["steps"][repeat]) for run in runs)
         for b, first in enumerate(range(0, longest, block)):
             order = [(b + repeat + j) % len(runs) for j in range(len(runs))]  # who goes first turns each block
             for k in order:
                 use(k)
-                for i in range(first, min(first + block, len(runs[k]["steps"]))):
-                    times[k][repeat][i] = one_step(k, runs[k]["steps"][i])
+                chosen = runs[k]["steps"][repeat]
+                for i in range(first, min(first + block, len(chosen))):
+                    times[k][repeat][i] = one_step(k, chosen[i])
     counts = torch.tensor([mismatched[0]], dtype=torch.int64, device=dev)
     dist.all_reduce(counts)
     if dist.get_rank() != 0:

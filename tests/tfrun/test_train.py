@@ -211,10 +211,12 @@ def test_retime_replays_what_each_run_froze_and_compare_pairs_the_gap(shared_run
         frozen = sum(row["name"] in mb for step in sets.steps.values() for mb in step[row["stage"]])
         assert frozen == 40 * 4 - row["contributions"], row["name"]
     assert not any(mb for step in frozen_sets.load(root / "none").steps.values() for stage in step for mb in stage)
-    # the replay froze, action by action, what the runs recorded (its own check), every 10th step, 2 repeats
+    # the replay froze, action by action, what the runs recorded (its own check), a step in 10, 2 repeats
     result = paired.load(root / "retime" / "retime.json")
     assert result["mismatched_actions"] == 0 and result["repeats"] == 2
-    assert [run["steps"] for run in result["runs"]] == [[0, 10, 20, 30]] * 2
+    drawn = [[n // 10 for n in repeat] for run in result["runs"] for repeat in run["steps"]]
+    assert drawn == [[0, 1, 2, 3]] * 4  # one step drawn in each window of 10, per repeat
+    assert result["runs"][0]["steps"] == result["runs"][1]["steps"]  # the same draws for both runs
     assert "next: tfrun compare" in results["retime"].stdout
     runs = [compare.load_run(root / "none"), compare.load_run(root / "auto")]
     rows = compare.compare(runs, runs[0], result)["runs"]

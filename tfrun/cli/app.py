@@ -134,8 +134,9 @@ def retime_cmd(
                                 repeats=repeats, force=force)
         for run in result["runs"]:
             medians = [statistics.median(ms) for ms in run["step_ms"]]
-            print(f"{run['dir']}: {len(run['steps'])} steps replayed, median step "
+            print(f"{run['dir']}: {len(run['steps'][0])} steps replayed a repeat, median step "
                   + ", ".join(f"{m:.1f}" for m in medians) + " ms (per repeat)")
+        print(f"every replayed action froze what its run recorded: {result['mismatched_actions'] == 0}")
         print(f"wrote {Path(out) / 'retime.json'} ({result['seconds']:.0f} s); "
               f"next: tfrun compare {' '.join(runs)} --paired {Path(out) / 'retime.json'}")
 

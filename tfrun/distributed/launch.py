@@ -85,9 +85,9 @@ def launch(config: TrainConfig, *, quiet_launcher: bool = True) -> Stopped | Non
     if len(signals) > 1:
         raise TfrunError(f"aborted by a second {signals[1]}: the ranks were killed; "
                          f"{_last_checkpoint(out, config)}")
-    if proc.returncode != 0:
-        raise TfrunError(failure_message(out, log_path.read_text() if log_path.exists() else "") + "; "
-                         + _last_checkpoint(out, config))
+    if proc.returncode != 0:  # (a retime has no checkpoints to speak of)
+        raise TfrunError(failure_message(out, log_path.read_text() if log_path.exists() else "")
+                         + ("" if config.retime else "; " + _last_checkpoint(out, config)))
     (out / STOP_FILE).unlink(missing_ok=True)
     latest = checkpoint.read_latest(out)
     if latest is not None and latest["step"] < config.steps:

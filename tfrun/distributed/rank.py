@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tfrun.config.train_config import PLANNED, TrainConfig
-from tfrun.distributed.runtime import StepState, backward_microbatch, build_schedule, in_microbatch_forward, make_stage
+from tfrun.distributed.runtime import StepState, backward_microbatch, build_schedule, forward_microbatch, make_stage
 from tfrun.errors import TfrunError
 from tfrun.freeze.candidates import candidates
 from tfrun.freeze.freezing import Freezer
@@ -161,7 +161,7 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None, freeze
     if noise.sequences is not None:  # per-sequence values wait for their micro-batch's gradient (noise_perseq)
         for s, stage in zip(local, stages):
             noise.sequences.microbatch_of[s] = functools.partial(backward_microbatch, stage)
-            noise.sequences.in_forward[s] = functools.partial(in_microbatch_forward, stage)
+            noise.sequences.forward_of[s] = functools.partial(forward_microbatch, stage)
     runtime = build_schedule(config.order, stages, config.num_microbatches, _loss(state, stages), pp_rank, timer)
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     optimizer = adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.adam_betas),

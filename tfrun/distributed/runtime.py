@@ -203,10 +203,11 @@ def make_stage(module: nn.Module, stage_index: int, num_stages: int, device: tor
                          timer=timer, state=state, method=method, autocast=autocast)
 
 
-def in_microbatch_forward(stage) -> bool:
-    """Whether a hooked `stage` runs a micro-batch's forward now: not torch's first-step metadata inference, which
-    runs the module (and a backward) on placeholder tensors (tfrun.freeze.noise_perseq counts real forwards)."""
-    return getattr(stage, "_in_forward", False)
+def forward_microbatch(stage) -> int | None:
+    """The micro-batch whose forward a hooked `stage` runs now; None outside one (torch's first-step metadata
+    inference runs the module, and a backward, on placeholder tensors). tfrun.freeze.noise_perseq picks its rows
+    by it."""
+    return getattr(stage, "_fwd_mb", None) if getattr(stage, "_in_forward", False) else None
 
 
 def backward_microbatch(stage) -> int | None:

@@ -29,8 +29,9 @@ Note [noise measure]: `--noise-measure` says what the small batch is, separately
               replicas group them, so --dp 1 and --dp 2 on the same data give the same estimate, and it is the
               quantity tfrun.freeze.noise_reference's definition averages. S comes from one sequence in four,
               the same ones at any --dp (noise_perseq Note [sequence subset]). A tensor with fewer than two
-              sequences' norms in a step (a module kind noise_perseq does not know, a tied tensor, a step of
-              fewer than 8 sequences) is measured per micro-batch that step, as under `microbatch`.
+              sequences' norms in a step (a module kind noise_perseq does not know, a tied tensor, a step too
+              short or a tensor too often frozen to give two chosen sequences) is measured per micro-batch that
+              step, as under `microbatch`.
 """
 
 from __future__ import annotations

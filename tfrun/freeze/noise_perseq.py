@@ -30,14 +30,14 @@ the tensor's own gradient hook (tfrun.freeze.noise), which takes it: a tensor fr
 no gradient, so its waiting value is never counted and is dropped at the step's end. A tensor detached in the
 forward is skipped at once. The micro-batch is the stage's backward micro-batch (`microbatch_of`); without
 one (a single process running each backward to the end) the key is None. Forwards outside a micro-batch
-(torch's first-step metadata inference, on placeholder tensors; `in_forward`) are ignored. Hooks do nothing on
+(torch's first-step metadata inference, on placeholder tensors; `forward_of`) are ignored. Hooks do nothing on
 steps that are not measured.
 
 Note [sequence subset]: a measured micro-batch's norms cost about a third of its forward and backward (the
 linear layers' norms take as many multiply-adds as their weight gradients), so a step measured on all its
 sequences costs about 30% more, 6% of the run at --noise-every 5 (docs/cost-model.md, "Which noise
-estimator"). So the norms come from one sequence in STRIDE: in micro-batch i (its i-th forward through the
-module in the measured step; micro-batches run their forwards in index order) the sequences r (row of the
+estimator"). So the norms come from one sequence in STRIDE: in micro-batch i (the index the stage's forward
+runs, `forward_of`) the sequences r (row of the
 whole micro-batch, over all replicas) with (r + i) % STRIDE == 0. S is their mean, still an unbiased
 |G|^2 + tr(Sigma) / B_small; G_step keeps every micro-batch. Why these rows:
   - the same sequences at any --dp: micro-batch i holds the same sequences whatever --dp is, replica k rows
@@ -164,12 +164,14 @@ class SequenceNorms:
         self.replica, self.stride = replica, stride
         """This rank's data-parallel index, and one sequence in `stride` gives norms (Note [sequence subset])."""
         self._forwards: dict[int, int] = {}
-        """id(module) -> its forwards in this measured step: the micro-batch index of the next one."""
+        """id(module) -> its forwards in this measured step: the micro-batch index of the next one (without
+        `forward_of`)."""
         self.microbatch_of: dict[int, Callable[[], object]] = {}
         """Stage -> the micro-batch its backward is running (set by tfrun.distributed.rank); absent: None."""
-        self.in_forward: dict[int, Callable[[], bool]] = {}
-        """Stage -> whether it runs a micro-batch's forward now (set by tfrun.distributed.rank: torch's first step
-        also runs the module on placeholders, to infer shapes); absent: always."""
+        self.forward_of: dict[int, Callable[[], int | None]] = {}
+        """Stage -> the micro-batch whose forward it runs now, None outside one (set by tfrun.distributed.rank:
+        torch's first step also runs the module on placeholders, to infer shapes); absent: the module's forwards
+        in this step, counted (one process running micro-batches in order: noise_reference)."""
         self.measured: dict[int, torch.Tensor] = {}
         """Stage -> per tensor, whether it has a per-sequence value (bool); the others are measured per micro-batch."""
         self._pending: dict[tuple[int, int, object], tuple[torch.Tensor, int, int]] = {}
@@ -203,10 +205,15 @@ class SequenceNorms:
 
     def _forward_hook(self, stage: int, module: nn.Module, kind: str, entries: list[tuple[str, int]]):
         def hook(mod, args, output) -> None:
-            if not self.active or (stage in self.in_forward and not self.in_forward[stage]()):
+            if not self.active:
                 return
-            microbatch = self._forwards.get(id(mod), 0)
-            self._forwards[id(mod)] = microbatch + 1
+            if stage in self.forward_of:
+                microbatch = self.forward_of[stage]()
+                if microbatch is None:
+                    return
+            else:
+                microbatch = self._forwards.get(id(mod), 0)
+                self._forwards[id(mod)] = microbatch + 1
             if not isinstance(output, torch.Tensor) or not output.requires_grad:
                 return
             live = [(attr, i) for attr, i in entries if getattr(mod, attr).requires_grad]  # (detached: frozen)

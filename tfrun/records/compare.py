@@ -217,7 +217,7 @@ def compare(runs: list[Run], base: Run, retime: dict | None = None) -> dict:
         })
         if base_timing is not None:
             rows[-1] |= paired.paired_fields(run.steps, paired.timing_of(retime, run.dir), base.steps, base_timing,
-                                             run.tokens, base.tokens, loss_at)
+                                             run.tokens, base.tokens, loss_at, retime["sample_every"])
     return {"baseline": base.dir, "target_eval_loss": target, "runs": rows}
 
 

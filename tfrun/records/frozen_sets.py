@@ -27,8 +27,7 @@ class FrozenSetsLog:
         self.index = [{name: i for i, name in enumerate(names)} for names in tensors]
         kept: list[str] = []
         if start > 0 and self.path.exists():  # a resume: the steps before it, as the checkpoint left them
-            kept = [line for line in self.path.read_text().splitlines()[1:]
-                    if line.strip() and json.loads(line).get("step", start) < start]
+            kept = [line for line in self.path.read_text().splitlines()[1:] if _step(line, start) < start]
         header = json.dumps({"schema_version": SCHEMA_VERSION, "tensors": tensors})
         out.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.path, "".join(line + "\n" for line in [header, *kept]))
@@ -39,6 +38,14 @@ class FrozenSetsLog:
                 for s in range(len(self.index))]
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, "frozen": rows}) + "\n")
+
+
+def _step(line: str, default: int) -> int:
+    """A line's step; `default` for a line that is not one (a kill during the append leaves a partial last line)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return default
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +77,9 @@ def load(run_dir: str | Path) -> FrozenSets:
             frozen = row["frozen"]
             if len(frozen) != len(tensors):
                 raise ValueError(f"line {number}: frozen has {len(frozen)} stages, the header {len(tensors)}")
+            if any(not isinstance(i, int) or not 0 <= i < len(tensors[s]) for s, stage in enumerate(frozen)
+                   for mb in stage for i in mb):
+                raise ValueError(f"line {number}: an index is not one of its stage's tensors")
             steps[int(row["step"])] = [[frozenset(tensors[s][i] for i in mb) for mb in stage]
                                        for s, stage in enumerate(frozen)]
     except (ValueError, KeyError, IndexError, TypeError) as exc:

@@ -1,11 +1,14 @@
 """The paired time axis of `tfrun compare --paired RETIME.json` (tfrun.retime Note [paired time]): each run's exact
 losses against the time its steps took when `tfrun retime` ran them again beside the other runs' steps.
 
-A run's step n is taken to cost what its latest replayed step at or before n cost in that repeat (the replay
-samples every `sample_every`-th step), plus what the run itself measured between its steps (wall_ms -
+A run's step n is taken to cost what the replayed step of its window (steps [w K, (w + 1) K), K =
+`sample_every`; one step drawn at random in each, per repeat) cost in that repeat, plus what the run itself
+measured between its steps (wall_ms -
 step_time_ms: the online mode's solves, metrics, checkpoints; evaluation is outside wall time anyway). The gap
 at equal time is then computed as compare's raw one is (tfrun.records.compare), once per repeat: its median is
-`eval_gap_same_time_paired`, and max - min over the repeats its spread. No torch.
+`eval_gap_same_time_paired`, and max - min over the repeats its spread; None unless every repeat gives one (a run
+slower than the baseline ends past the baseline's last evaluation in some repeats: a median of the others would
+be biased). No torch.
 """
 
 from __future__ import annotations
@@ -29,15 +32,24 @@ def load(path: str | Path) -> dict:
         raise TfrunError(f"{path} is unreadable: {exc}") from None
     if not isinstance(obj, dict) or obj.get("schema_version") != SCHEMA_VERSION:
         raise TfrunError(f"{path}: schema_version must be {SCHEMA_VERSION}, not a tfrun retime file")
-    for i, run in enumerate(obj.get("runs") or []):
-        steps, ms = run.get("steps"), run.get("step_ms")
-        if not (isinstance(steps, list) and steps and isinstance(ms, list) and ms
-                and all(isinstance(r, list) and len(r) == len(steps) for r in ms)):
-            raise TfrunError(f"{path}: runs[{i}] needs steps and step_ms (one list per repeat, a time per step)")
-        if any(t is None or t <= 0 for r in ms for t in r):
+    if not isinstance(obj.get("sample_every"), int) or obj["sample_every"] < 1:
+        raise TfrunError(f"{path}: sample_every must be an integer >= 1")
+    if obj.get("mismatched_actions"):
+        raise TfrunError(f"{path}: mismatched_actions is {obj['mismatched_actions']}: the replay did not freeze what "
+                         "the runs recorded, its times are not theirs")
+    if not isinstance(obj.get("runs"), list) or not obj["runs"]:
+        raise TfrunError(f"{path}: runs must be a non-empty list")
+    for i, run in enumerate(obj["runs"]):
+        steps, ms = run.get("steps") if isinstance(run, dict) else None, run.get("step_ms") if isinstance(
+            run, dict) else None
+        if not (isinstance(run, dict) and isinstance(run.get("dir"), str) and isinstance(steps, list) and steps
+                and isinstance(ms, list) and len(ms) == len(steps)
+                and all(isinstance(s, list) and s == sorted(s) and all(isinstance(n, int) and n >= 0 for n in s)
+                        and isinstance(t, list) and len(t) == len(s) for s, t in zip(steps, ms))):
+            raise TfrunError(f"{path}: runs[{i}] needs dir, steps (per repeat, ascending step numbers) and step_ms "
+                             "(per repeat, a time per step)")
+        if any(not isinstance(t, (int, float)) or t <= 0 for r in ms for t in r):
             raise TfrunError(f"{path}: runs[{i}].step_ms holds a time that is missing or not positive")
-    if not obj.get("runs"):
-        raise TfrunError(f"{path}: runs is empty")
     return obj
 
 
@@ -47,23 +59,25 @@ def timing_of(retime: dict, run_dir: str) -> dict | None:
     return next((t for t in retime["runs"] if Path(t["dir"]).resolve() == want), None)
 
 
-def paired_points(steps: list[dict], timing: dict, repeat: int) -> tuple[list[tuple[int, float, float]], float]:
+def paired_points(steps: list[dict], timing: dict, repeat: int, every: int
+                  ) -> tuple[list[tuple[int, float, float]], float]:
     """(step, paired training seconds so far, eval loss) at every evaluation of a run's metrics rows `steps`, and
-    its paired training time (s), in repeat `repeat` of its retime entry."""
-    sampled, ms = timing["steps"], timing["step_ms"][repeat]
-    out, seconds, j = [], 0.0, 0
+    its paired training time (s), in repeat `repeat` of its retime entry sampled one step in `every`."""
+    by_window = {n // every: ms for n, ms in zip(timing["steps"][repeat], timing["step_ms"][repeat])}
+    out, seconds = [], 0.0
     for row in steps:
-        while j + 1 < len(sampled) and sampled[j + 1] <= row["step"]:
-            j += 1
+        window = row["step"] // every
+        if window not in by_window:  # (a run longer than the one replayed: its last window stands for the rest)
+            window = max(w for w in by_window if w <= window) if min(by_window) <= window else min(by_window)
         between = max(0.0, row.get("wall_ms", row["step_time_ms"]) - row["step_time_ms"])
-        seconds += (ms[j] + between) / 1e3
+        seconds += (by_window[window] + between) / 1e3
         if row.get("eval_loss") is not None:
             out.append((row["step"], seconds, row["eval_loss"]))
     return out, seconds
 
 
 def paired_fields(run_steps: list[dict], run_timing: dict | None, base_steps: list[dict], base_timing: dict,
-                  tokens: int, base_tokens: int, loss_at) -> dict:
+                  tokens: int, base_tokens: int, loss_at, every: int) -> dict:
     """compare's paired columns for one run: `eval_gap_same_time_paired` (median over repeats), its
     `..._spread` (max - min) and per repeat, `paired_training_s` and `paired_speedup` (medians); None where the
     run was not re-timed. `loss_at`: compare.loss_at."""
@@ -73,13 +87,14 @@ def paired_fields(run_steps: list[dict], run_timing: dict | None, base_steps: li
         return none
     gaps, times, speedups = [], [], []
     for repeat in range(min(len(run_timing["step_ms"]), len(base_timing["step_ms"]))):
-        points, seconds = paired_points(run_steps, run_timing, repeat)
-        base_points, base_seconds = paired_points(base_steps, base_timing, repeat)
+        points, seconds = paired_points(run_steps, run_timing, repeat, every)
+        base_points, base_seconds = paired_points(base_steps, base_timing, repeat, every)
         times.append(seconds)
         speedups.append(tokens / seconds / (base_tokens / base_seconds))
         then = loss_at(base_points, points[-1][1]) if points else None
-        if then:
-            gaps.append((points[-1][2] - then) / then)
+        gaps.append((points[-1][2] - then) / then if then else None)
+    if None in gaps:
+        gaps = []
     return {"eval_gap_same_time_paired": statistics.median(gaps) if gaps else None,
             "eval_gap_same_time_paired_spread": max(gaps) - min(gaps) if gaps else None,
             "eval_gap_same_time_paired_repeats": gaps or None,

@@ -31,7 +31,9 @@ def test_written_sets_read_back_per_step_stage_and_microbatch(tmp_path) -> None:
 
 
 def test_a_resume_keeps_the_steps_before_it_and_appends(tmp_path) -> None:
-    _write(tmp_path, range(6))  # the run got to step 5, its checkpoint is at step 3
+    _write(tmp_path, range(6))  # the run got to step 5, its checkpoint is at step 3, and it was killed mid-append
+    with (tmp_path / frozen_sets.FILE).open("a") as f:
+        f.write('{"step": 6, "froz')
     _write(tmp_path, range(3, 5), start=3)
     assert sorted(frozen_sets.load(tmp_path).steps) == [0, 1, 2, 3, 4]
 
@@ -40,7 +42,8 @@ def test_a_resume_keeps_the_steps_before_it_and_appends(tmp_path) -> None:
     (None, "does not exist: the run was written before tfrun recorded its frozen sets"),
     ('{"schema_version": 9, "tensors": []}\n', "schema_version is 9, expected 1"),
     ('{"schema_version": 1, "tensors": [["a"]]}\n{"step": 0, "frozen": [[], []]}\n', "line 2: frozen has 2 stages"),
-    ('{"schema_version": 1, "tensors": [["a"]]}\n{"step": 0, "frozen": [[[3]]]}\n', "malformed"),
+    ('{"schema_version": 1, "tensors": [["a"]]}\n{"step": 0, "frozen": [[[3]]]}\n', "line 2: an index is not"),
+    ('{"schema_version": 1, "tensors": [["a"]]}\n{"step": 0, "frozen": [[[-1]]]}\n', "line 2: an index is not"),
     ("not json\n", "malformed"),
 ])
 def test_a_missing_or_malformed_file_is_one_line(tmp_path, text, expect) -> None:

@@ -18,14 +18,14 @@ def _rows(step_ms: list[float], losses: dict[int, float], between_ms: float = 0.
 
 
 def _timing(steps: list[int], *repeats: list[float]) -> dict:
-    return {"dir": "x", "steps": steps, "step_ms": [list(r) for r in repeats]}
+    return {"dir": "x", "steps": [steps] * len(repeats), "step_ms": [list(r) for r in repeats]}
 
 
-def test_sampled_steps_stand_for_the_steps_after_them_plus_the_runs_own_time_between_steps() -> None:
-    rows = _rows([999.0] * 4, {1: 3.0, 3: 2.0}, between_ms=10.0)  # raw step times do not matter
-    points, seconds = paired.paired_points(rows, _timing([0, 2], [100.0, 300.0]), 0)
+def test_a_sampled_step_stands_for_its_window_plus_the_runs_own_time_between_steps() -> None:
+    rows = _rows([999.0] * 5, {1: 3.0, 3: 2.0}, between_ms=10.0)  # raw step times do not matter
+    points, seconds = paired.paired_points(rows, _timing([1, 2], [100.0, 300.0]), 0, every=2)
     assert points == [(1, pytest.approx(0.22), 3.0), (3, pytest.approx(0.84), 2.0)]  # 2 x 110 ms, + 2 x 310 ms
-    assert seconds == pytest.approx(0.84)
+    assert seconds == pytest.approx(1.15)  # step 4's window was not replayed: the last one stands for it
 
 
 def test_the_paired_gap_ignores_a_slow_spell_that_moved_the_raw_one() -> None:
@@ -36,7 +36,7 @@ def test_the_paired_gap_ignores_a_slow_spell_that_moved_the_raw_one() -> None:
     method = _rows([300.0] * 8, {7: 2.5})
     steps = list(range(8))
     fields = paired.paired_fields(method, _timing(steps, [50.0] * 8, [52.0] * 8), base,
-                                  _timing(steps, [100.0] * 8, [100.0] * 8), 800, 800, compare.loss_at)
+                                  _timing(steps, [100.0] * 8, [100.0] * 8), 800, 800, compare.loss_at, every=1)
     # repeat 2: 8 x 52 ms = 0.416 s, where the baseline was at 4 - 2.5 x 0.416 = 2.96
     assert fields["eval_gap_same_time_paired_repeats"] == pytest.approx([2.5 / 3.0 - 1, 2.5 / 2.96 - 1])
     assert fields["eval_gap_same_time_paired"] == pytest.approx((2.5 / 3.0 + 2.5 / 2.96) / 2 - 1)
@@ -47,15 +47,32 @@ def test_the_paired_gap_ignores_a_slow_spell_that_moved_the_raw_one() -> None:
 
 
 def test_a_run_not_retimed_has_no_paired_columns() -> None:
-    fields = paired.paired_fields(_rows([1.0], {0: 1.0}), None, [], _timing([0], [1.0]), 1, 1, compare.loss_at)
+    fields = paired.paired_fields(_rows([1.0], {0: 1.0}), None, [], _timing([0], [1.0]), 1, 1, compare.loss_at, 1)
     assert set(fields.values()) == {None}
+
+
+def test_no_paired_gap_unless_every_repeat_gives_one() -> None:
+    # repeat 2 re-times the method slower than the baseline's whole run: no baseline loss at its time, so no
+    # median of the remaining repeat either (it would be biased towards the faster draws)
+    base = _rows([100.0] * 4, {n: 4.0 - n * 0.5 for n in range(4)})
+    method = _rows([100.0] * 4, {3: 2.4})
+    fields = paired.paired_fields(method, _timing([0, 1, 2, 3], [50.0] * 4, [150.0] * 4), base,
+                                  _timing([0, 1, 2, 3], [100.0] * 4, [100.0] * 4), 400, 400, compare.loss_at, 1)
+    assert fields["eval_gap_same_time_paired"] is None and fields["paired_speedup"] == pytest.approx((2 + 2 / 3) / 2)
+
+
+GOOD = {"schema_version": 1, "sample_every": 1, "mismatched_actions": 0}
 
 
 @pytest.mark.parametrize("obj,expect", [
     ({"schema_version": 2}, "schema_version must be 1"),
-    ({"schema_version": 1, "runs": []}, "runs is empty"),
-    ({"schema_version": 1, "runs": [{"dir": "a", "steps": [0, 5], "step_ms": [[1.0]]}]}, r"runs\[0\] needs"),
-    ({"schema_version": 1, "runs": [{"dir": "a", "steps": [0], "step_ms": [[0.0]]}]}, "not positive"),
+    ({**GOOD, "sample_every": 0}, "sample_every must be an integer >= 1"),
+    ({**GOOD, "mismatched_actions": 3}, "mismatched_actions is 3"),
+    ({**GOOD, "runs": []}, "runs must be a non-empty list"),
+    ({**GOOD, "runs": [{"dir": "a", "steps": [[0, 5]], "step_ms": [[1.0]]}]}, r"runs\[0\] needs"),
+    ({**GOOD, "runs": [{"dir": "a", "steps": [[5, 0]], "step_ms": [[1.0, 1.0]]}]}, r"runs\[0\] needs"),
+    ({**GOOD, "runs": [{"steps": [[0]], "step_ms": [[1.0]]}]}, r"runs\[0\] needs dir"),
+    ({**GOOD, "runs": [{"dir": "a", "steps": [[0]], "step_ms": [[0.0]]}]}, "not positive"),
 ])
 def test_a_bad_retime_file_is_one_line(tmp_path, obj, expect) -> None:
     path = tmp_path / "retime.json"
