@@ -283,6 +283,8 @@ def main() -> None:
                 (where / f"seed{seed}-{name}-apf.txt").write_text(report + "\n")
                 print(report, flush=True)
         names = [str(f) for f in folders.values()]
+        if len(names) < 2:  # (one method: its runs stay for a later call with the others)
+            continue
         paired = []
         if args.retime_every and "none" in folders:
             retimed = where / f"seed{seed}-retime"
@@ -300,6 +302,8 @@ def main() -> None:
                                                                            float(m * MB_SIZE * SEQ))
             (where / f"seed{seed}-predictions.txt").write_text(text + "\n")
             print(text, flush=True)
+    if not all((where / f"seed{s}.json").exists() for s in args.seeds.split(",")):
+        return
     seeds = [json.loads((where / f"seed{s}.json").read_text()) for s in args.seeds.split(",")]
     print(regret_table(seeds), flush=True)
     if len(seeds) > 1:
