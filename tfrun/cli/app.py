@@ -118,11 +118,13 @@ def retime_cmd(
                                                              "turn.")] = 3,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Times the whole replay runs (its spread is the "
                                                                   "instrument's).")] = 3,
-    force: Annotated[bool, typer.Option("--force", help="Replay runs of another model, data, seed or batch.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replay runs of another seed or data (model and batch shape "
+                                                        "must match).")] = False,
 ) -> None:
-    """Time recorded runs again side by side (tfrun.retime Note [paired time]): every run's recorded frozen sets,
-    replayed in alternating blocks on one launch of ranks, so that the machine's drift lands on all of them
-    alike. Then `tfrun compare RUN... --paired OUT/retime.json` gives the gap at equal time on that time axis.
+    """Time recorded runs again side by side (the note on paired time in tfrun/retime.py): every run's recorded
+    frozen sets, replayed in alternating blocks on one launch of ranks, so that the machine's drift lands on all
+    of them alike. Then `tfrun compare RUN... --paired OUT/retime.json` gives the gap at equal time on that time
+    axis.
 
     Example: tfrun retime runs/none runs/plan --out runs/retime && tfrun compare runs/none runs/plan --paired
     runs/retime/retime.json
