@@ -71,12 +71,7 @@ def retime(runs: list[str], *, baseline: str | None, out: str, sample_every: int
     from tfrun.records import compare
 
     assert sample_every >= 1 and block >= 1 and repeats >= 1
-    if len(runs) < 2:
-        raise TfrunError("retime needs two or more run folders")
-    loaded = [compare.load_run(path) for path in runs]
-    if not force:
-        compare.check_comparable(loaded)
-    base = compare.pick_baseline(loaded, baseline, force)
+    loaded, base = compare.load_comparable(runs, baseline, force, "retime")
     if base not in loaded:
         loaded.append(base)
     folder = Path(out)

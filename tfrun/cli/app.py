@@ -61,12 +61,7 @@ def compare_cmd(
     from tfrun.records import compare, paired
 
     with user_errors(TfrunError):
-        if len(runs) < 2:
-            raise TfrunError("compare needs two or more run folders")
-        loaded = [compare.load_run(r) for r in runs]
-        if not force:
-            compare.check_comparable(loaded)
-        base = compare.pick_baseline(loaded, baseline, force)
+        loaded, base = compare.load_comparable(runs, baseline, force, "compare")
         result = compare.compare(loaded, base, paired.load(paired_file) if paired_file else None)
         if plot:
             compare.plot(loaded, plot)

@@ -158,6 +158,17 @@ def check_comparable(runs: list[Run]) -> None:
                                  f"{run.config.get(key)!r} in {run.dir} (--force compares anyway)")
 
 
+def load_comparable(paths: list[str], baseline: str | None, force: bool, command: str) -> tuple[list[Run], Run]:
+    """The runs of `tfrun compare` or `tfrun retime` read, checked comparable (unless forced), and their baseline;
+    one TfrunError line for fewer than two."""
+    if len(paths) < 2:
+        raise TfrunError(f"{command} needs two or more run folders")
+    loaded = [load_run(path) for path in paths]
+    if not force:
+        check_comparable(loaded)
+    return loaded, pick_baseline(loaded, baseline, force)
+
+
 def pick_baseline(runs: list[Run], baseline: str | None, force: bool = False) -> Run:
     """The baseline run: `baseline` (checked against the runs unless forced) or the --freeze none one."""
     if baseline is not None:
