@@ -202,6 +202,7 @@ def compare(runs: list[Run], base: Run, retime: dict | None = None) -> dict:
     base_timing = paired.timing_of(retime, base.dir) if retime is not None else None
     if retime is not None and base_timing is None:
         raise TfrunError(f"the baseline {base.dir} was not re-timed in the --paired file: retime it with the others")
+    base_axis = paired.paired_axis(base.steps, base_timing, retime["sample_every"]) if base_timing else None
     target = base.summary.get("final_eval_loss")
     base_points = base.eval_points  # a property that walks every step: once, not once per run
     base_speed = base.tokens / base.training_s
@@ -226,9 +227,9 @@ def compare(runs: list[Run], base: Run, retime: dict | None = None) -> dict:
             "baseline_eval_at_same_time": base_then,
             "eval_gap_same_time": (last[2] - base_then) / base_then if base_then else None,
         })
-        if base_timing is not None:
-            rows[-1] |= paired.paired_fields(run.steps, paired.timing_of(retime, run.dir), base.steps, base_timing,
-                                             run.tokens, base.tokens, loss_at, retime["sample_every"])
+        if base_axis is not None:
+            rows[-1] |= paired.paired_fields(run.steps, paired.timing_of(retime, run.dir), base_axis, run.tokens,
+                                             base.tokens, loss_at, retime["sample_every"])
     return {"baseline": base.dir, "target_eval_loss": target, "runs": rows}
 
 

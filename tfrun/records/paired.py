@@ -76,19 +76,24 @@ def paired_points(steps: list[dict], timing: dict, repeat: int, every: int
     return out, seconds
 
 
-def paired_fields(run_steps: list[dict], run_timing: dict | None, base_steps: list[dict], base_timing: dict,
-                  tokens: int, base_tokens: int, loss_at, every: int) -> dict:
+def paired_axis(steps: list[dict], timing: dict, every: int) -> list[tuple[list[tuple[int, float, float]], float]]:
+    """paired_points of a run in every repeat of its retime entry."""
+    return [paired_points(steps, timing, repeat, every) for repeat in range(len(timing["step_ms"]))]
+
+
+def paired_fields(run_steps: list[dict], run_timing: dict | None, base_axis: list, tokens: int, base_tokens: int,
+                  loss_at, every: int) -> dict:
     """compare's paired columns for one run: `eval_gap_same_time_paired` (median over repeats), its
     `..._spread` (max - min) and per repeat, `paired_training_s` and `paired_speedup` (medians); None where the
-    run was not re-timed. `loss_at`: compare.loss_at."""
+    run was not re-timed. `base_axis`: the baseline's paired_axis (computed once for all runs); `loss_at`:
+    compare.loss_at."""
     none = {"eval_gap_same_time_paired": None, "eval_gap_same_time_paired_spread": None,
             "eval_gap_same_time_paired_repeats": None, "paired_training_s": None, "paired_speedup": None}
     if run_timing is None:
         return none
     gaps, times, speedups = [], [], []
-    for repeat in range(min(len(run_timing["step_ms"]), len(base_timing["step_ms"]))):
+    for repeat, (base_points, base_seconds) in enumerate(base_axis[:len(run_timing["step_ms"])]):
         points, seconds = paired_points(run_steps, run_timing, repeat, every)
-        base_points, base_seconds = paired_points(base_steps, base_timing, repeat, every)
         times.append(seconds)
         speedups.append(tokens / seconds / (base_tokens / base_seconds))
         then = loss_at(base_points, points[-1][1]) if points else None

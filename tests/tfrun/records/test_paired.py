@@ -35,8 +35,9 @@ def test_the_paired_gap_ignores_a_slow_spell_that_moved_the_raw_one() -> None:
     base = _rows([100.0] * 8, {n: 4.0 - 2.0 * (n + 1) / 8 for n in range(8)})
     method = _rows([300.0] * 8, {7: 2.5})
     steps = list(range(8))
-    fields = paired.paired_fields(method, _timing(steps, [50.0] * 8, [52.0] * 8), base,
-                                  _timing(steps, [100.0] * 8, [100.0] * 8), 800, 800, compare.loss_at, every=1)
+    base_axis = paired.paired_axis(base, _timing(steps, [100.0] * 8, [100.0] * 8), every=1)
+    fields = paired.paired_fields(method, _timing(steps, [50.0] * 8, [52.0] * 8), base_axis, 800, 800,
+                                  compare.loss_at, every=1)
     # repeat 2: 8 x 52 ms = 0.416 s, where the baseline was at 4 - 2.5 x 0.416 = 2.96
     assert fields["eval_gap_same_time_paired_repeats"] == pytest.approx([2.5 / 3.0 - 1, 2.5 / 2.96 - 1])
     assert fields["eval_gap_same_time_paired"] == pytest.approx((2.5 / 3.0 + 2.5 / 2.96) / 2 - 1)
@@ -47,7 +48,7 @@ def test_the_paired_gap_ignores_a_slow_spell_that_moved_the_raw_one() -> None:
 
 
 def test_a_run_not_retimed_has_no_paired_columns() -> None:
-    fields = paired.paired_fields(_rows([1.0], {0: 1.0}), None, [], _timing([0], [1.0]), 1, 1, compare.loss_at, 1)
+    fields = paired.paired_fields(_rows([1.0], {0: 1.0}), None, [], 1, 1, compare.loss_at, 1)
     assert set(fields.values()) == {None}
 
 
@@ -56,8 +57,9 @@ def test_no_paired_gap_unless_every_repeat_gives_one() -> None:
     # median of the remaining repeat either (it would be biased towards the faster draws)
     base = _rows([100.0] * 4, {n: 4.0 - n * 0.5 for n in range(4)})
     method = _rows([100.0] * 4, {3: 2.4})
-    fields = paired.paired_fields(method, _timing([0, 1, 2, 3], [50.0] * 4, [150.0] * 4), base,
-                                  _timing([0, 1, 2, 3], [100.0] * 4, [100.0] * 4), 400, 400, compare.loss_at, 1)
+    base_axis = paired.paired_axis(base, _timing([0, 1, 2, 3], [100.0] * 4, [100.0] * 4), 1)
+    fields = paired.paired_fields(method, _timing([0, 1, 2, 3], [50.0] * 4, [150.0] * 4), base_axis, 400, 400,
+                                  compare.loss_at, 1)
     assert fields["eval_gap_same_time_paired"] is None and fields["paired_speedup"] == pytest.approx((2 + 2 / 3) / 2)
 
 
