@@ -105,8 +105,9 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     progress = _Progress(rank == 0 and not config.quiet, config.steps, start)
     control = StepControl(config, stop, device)
     log_file = measure.MetricsLog(out, metrics) if rank == 0 else None
-    tensor_names = _gather_names(r, config.num_stages)
-    sets_file = frozen_sets.FrozenSetsLog(out, tensor_names, start) if rank == 0 else None
+    names = _gather_names(r, config.num_stages)  # (collective: every rank)
+    sets_file = frozen_sets.FrozenSetsLog(out, names, start) if rank == 0 else None
+    index = {s: {c.name: i for i, c in enumerate(cands)} for s, cands in freezer.stage_candidates.items()}
     board = TensorBoardLog(out) if rank == 0 and config.tensorboard else None
     clock = WallClock()  # Note [wall time]
     step_tokens = config.global_batch * config.seq_len
@@ -136,7 +137,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         r.record_frozen(step)
         loss = _from_last_stage(sum(v.item() for v in losses) / config.num_microbatches if has_last else 0.0,
                                 has_last, device, r.dp)
-        shares, frozen = _gather_shares(r, config.num_stages, config.num_microbatches)
+        shares, frozen = _gather_shares(r, config.num_stages, config.num_microbatches, index)
         if sets_file is not None:
             sets_file.append(step, frozen, config.num_microbatches)
         row = {"step": step, "time": time.time(), "loss": loss if math.isfinite(loss) else None,
@@ -241,13 +242,16 @@ def _gather_tensor_noise(r: Rank) -> list[dict] | None:
     return None if parts is None else [row for part in parts for row in part]
 
 
-def _gather_shares(r: Rank, num_stages: int, m: int) -> tuple[list[float], dict[tuple[int, int], frozenset[str]]]:
-    """Realised mean frozen share per stage this step, for metrics, and every action's frozen names, for
-    frozen_sets.jsonl (every pipeline rank's; replicas agree): one gather."""
+def _gather_shares(r: Rank, num_stages: int, m: int, index: dict[int, dict[str, int]]
+                   ) -> tuple[list[float], dict[tuple[int, int], list[int]]]:
+    """Realised mean frozen share per stage this step, for metrics, and every action's frozen tensors (indices
+    into its stage's candidates, `index`: a few bytes where names would be kilobytes), for frozen_sets.jsonl
+    (every pipeline rank's; replicas agree): one gather."""
+    sets = {key: sorted(index[key[0]][name] for name in names) for key, names in r.state.frozen.items()}
     parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, (dict(r.state.shares), dict(r.state.frozen)) if r.dp_rank == 0 else ({}, {}))
+    dist.all_gather_object(parts, (dict(r.state.shares), sets) if r.dp_rank == 0 else ({}, {}))
     per_stage = [0.0] * num_stages
-    frozen: dict[tuple[int, int], frozenset[str]] = {}
+    frozen: dict[tuple[int, int], list[int]] = {}
     for shares, sets in parts:
         for (stage, _), share in shares.items():
             per_stage[stage] += share / m

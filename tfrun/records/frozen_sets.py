@@ -23,8 +23,7 @@ class FrozenSetsLog:
     """Rank 0's writer: afresh (atomically) with the header and the kept steps' lines, then a line per step."""
 
     def __init__(self, out: Path, tensors: list[list[str]], start: int) -> None:
-        self.path = out / FILE
-        self.index = [{name: i for i, name in enumerate(names)} for names in tensors]
+        self.path, self.stages = out / FILE, len(tensors)
         kept: list[str] = []
         if start > 0 and self.path.exists():  # a resume: the steps before it, as the checkpoint left them
             kept = [line for line in self.path.read_text().splitlines()[1:] if _step(line, start) < start]
@@ -32,10 +31,10 @@ class FrozenSetsLog:
         out.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.path, "".join(line + "\n" for line in [header, *kept]))
 
-    def append(self, step: int, frozen: dict[tuple[int, int], frozenset[str]], num_microbatches: int) -> None:
-        """One step's realised sets: (stage, micro-batch) -> frozen names (absent: nothing frozen)."""
-        rows = [[sorted(self.index[s][name] for name in frozen.get((s, mb), ())) for mb in range(num_microbatches)]
-                for s in range(len(self.index))]
+    def append(self, step: int, frozen: dict[tuple[int, int], list[int]], num_microbatches: int) -> None:
+        """One step's realised sets: (stage, micro-batch) -> the frozen tensors' indices into the header's names,
+        ascending (absent: nothing frozen)."""
+        rows = [[frozen.get((s, mb), []) for mb in range(num_microbatches)] for s in range(self.stages)]
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, "frozen": rows}) + "\n")
 
