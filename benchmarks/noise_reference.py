@@ -1,13 +1,16 @@
 """The pipeline's noise scale against its definition (issue 36): per stage, the exact noise scale of the tiny
-model at fixed weights from per-sequence gradients (tfrun.freeze.noise_reference Note [exact noise scale]: several
-hundred sequences, unbiased tr(Sigma) and |G|^2), against what the pipeline's own NoiseMeter measures at the
-same weights with each `--noise-estimator` and `--noise-measure` (steps of fresh batches, 8 micro-batches of 4 x
-128 tokens, the weights unchanged). At initialisation and after training, on two corpora (the default one and the
-standard library's source). The pipeline's figure is the median over the measured steps of the smoothed estimate,
-as summary.json and the profile's noise section report it, and the last step's.
+model at fixed weights from per-sequence gradients (tfrun.freeze.noise_reference Note [exact noise scale]:
+unbiased tr(Sigma) and |G|^2; sequences are added 256 at a time until the reference's own jackknife standard
+error is below --reference-error of its value on every stage, or --max-sequences), against what the pipeline's
+own NoiseMeter measures at the same weights with each `--noise-estimator` and `--noise-measure` (steps of fresh
+batches, 8 micro-batches of 4 x 128 tokens, the weights unchanged), for several batch streams (--batch-seeds:
+the estimate at fixed weights scatters from stream to stream, most where the noise scale exceeds the batch). At
+initialisation and after training, on two corpora (the default one and the standard library's source). The
+pipeline's figure is the median over the measured steps of the smoothed estimate, as summary.json and the
+profile's noise section report it.
 
-    python benchmarks/noise_reference.py                     # about 6 minutes on 2 CPU cores
-    python benchmarks/noise_reference.py --sequences 128 --train-steps 20 --corpora default
+    python benchmarks/noise_reference.py                     # about 35 minutes on 2 CPU cores
+    python benchmarks/noise_reference.py --max-sequences 256 --train-steps 20 --corpora default --batch-seeds 777
 """
 
 from __future__ import annotations
@@ -47,7 +50,11 @@ def trained(stages, corpus_tokens, steps: int, start: int = 0) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sequences", type=int, default=512, help="sequences of the exact reference")
+    parser.add_argument("--reference-error", type=float, default=0.05,
+                        help="add sequences to the reference until its relative standard error is below this")
+    parser.add_argument("--max-sequences", type=int, default=4096, help="at most this many in the reference")
+    parser.add_argument("--batch-seeds", default="777,778,779,780,781",
+                        help="the pipeline's batch streams (tfrun.data.Batches seeds), one estimate each")
     parser.add_argument("--steps", type=int, default=30, help="measured steps of the pipeline's estimate")
     parser.add_argument("--train-steps", type=int, default=150, help="training before the second measurement")
     parser.add_argument("--corpora", default="default,stdlib")
@@ -61,7 +68,7 @@ def main() -> None:
     import torch
 
     from tfrun.data import Batches, encode, load_corpus, split_tokens
-    from tfrun.freeze.noise_reference import exact, pipeline_estimate
+    from tfrun.freeze.noise_reference import ExactNoise, exact, pipeline_estimate
     from tfrun.models import MODELS, build_stage, loss_fn
 
     torch.set_num_threads(1)
@@ -72,40 +79,51 @@ def main() -> None:
         for step in sorted(int(k) for k in args.trajectory.split(",")):
             trained(stages, tokens, step - done, start=done)  # the weights the run measures at step `step`
             done = step
-            x, y = Batches(tokens, global_batch=args.sequences, seq_len=SEQ, seed=12345).batch_at(0)
+            x, y = Batches(tokens, global_batch=512, seq_len=SEQ, seed=12345).batch_at(0)
             reference = exact(stages, loss_fn, x, y)
             print(f"step {step}: exact noise scale " + ", ".join(f"stage {s} {v:,.0f}" for s, v in
                                                                   sorted(reference.items())) + " tokens", flush=True)
         return
-    print(f"noise scale against its definition: tiny model (2 stages), {args.sequences} sequences of {SEQ} tokens "
-          f"for the reference, {args.steps} steps of {M} x {MB_SIZE} x {SEQ} for the pipeline; load "
+    seeds = [int(v) for v in args.batch_seeds.split(",")]
+    print(f"noise scale against its definition: tiny model (2 stages), the reference from sequences of {SEQ} tokens "
+          f"until its standard error is below {args.reference_error:.0%} (at most {args.max_sequences}); "
+          f"{args.steps} steps of {M} x {MB_SIZE} x {SEQ} for the pipeline, batch seeds {args.batch_seeds}; load "
           f"{os.getloadavg()[0]:.2f} at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+    worst: dict = {}
     for corpus in args.corpora.split(","):
         tokens = split_tokens(encode(load_corpus(None if corpus == "default" else corpus)))[0]
         stages = {s: build_stage(MODELS["tiny"], s, 2, 0) for s in (0, 1)}
         for when in ("initialisation", f"{args.train_steps} training steps"):
             if when != "initialisation":
                 trained(stages, tokens, args.train_steps)
-            ref_batches = Batches(tokens, global_batch=args.sequences, seq_len=SEQ, seed=12345)
-            x, y = ref_batches.batch_at(0)
             t0 = time.perf_counter()
-            reference = exact(stages, loss_fn, x, y)
-            exact_text = ", ".join(f"stage {s} {v:,.0f}" for s, v in sorted(reference.items()))
-            print(f"\n{corpus} corpus, {when}: exact noise scale {exact_text} tokens "
-                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
-            batches = Batches(tokens, global_batch=M * MB_SIZE, seq_len=SEQ, seed=777)
-            trails = pipeline_estimate(stages, loss_fn, batches, steps=args.steps, num_microbatches=M,
-                                       estimators=tuple(args.estimators.split(",")),
-                                       measures=tuple(args.measures.split(",")))
-            for (measure, estimator), trail in trails.items():
+            ref = ExactNoise(stages, loss_fn)
+            ref_batches = Batches(tokens, global_batch=256, seq_len=SEQ, seed=12345)
+            while True:
+                ref.add(*ref_batches.batch_at(ref.sequences // 256))
+                scales = ref.scales()
+                if ref.sequences >= args.max_sequences or (
+                        len(scales) == len(stages)
+                        and all(e is not None and e <= args.reference_error * v for v, e in scales.values())):
+                    break
+            reference = {s: v for s, (v, _) in scales.items()}
+            exact_text = ", ".join(f"stage {s} {v:,.0f} +- {e or 0:,.0f}" for s, (v, e) in sorted(scales.items()))
+            print(f"\n{corpus} corpus, {when}: exact noise scale {exact_text} tokens (jackknife standard error; "
+                  f"{ref.sequences} sequences, {time.perf_counter() - t0:.0f} s)", flush=True)
+            for seed in seeds:
+                batches = Batches(tokens, global_batch=M * MB_SIZE, seq_len=SEQ, seed=seed)
+                trails = pipeline_estimate(stages, loss_fn, batches, steps=args.steps, num_microbatches=M,
+                                           estimators=tuple(args.estimators.split(",")),
+                                           measures=tuple(args.measures.split(",")))
                 cells = []
-                for s in sorted(reference):
-                    values = [row[s] for row in trail if row[s] is not None]
-                    med, last = statistics.median(values), values[-1]
-                    cells.append(f"stage {s} median {med:,.0f} (x{med / reference[s]:.2f}), last {last:,.0f} "
-                                 f"(x{last / reference[s]:.2f})")
-                print(f"  {measure:10s} {estimator:7s} " + "; ".join(cells), flush=True)
-
-
-if __name__ == "__main__":
-    main()
+                for (measure, estimator), trail in trails.items():
+                    ratios = []
+                    for s in sorted(reference):
+                        values = [row[s] for row in trail if row[s] is not None]
+                        ratios.append(statistics.median(values) / reference[s])
+                        key = (measure, estimator)
+                        worst[key] = max(worst.get(key, 1.0), ratios[-1], 1 / ratios[-1])
+                    cells.append(f"{measure[:3]} {estimator} " + " / ".join(f"x{r:.2f}" for r in ratios))
+                print(f"  batch seed {seed}: " + "; ".join(cells), flush=True)
+    print("\nlargest factor from the definition over every case, stage and batch seed: " + "; ".join(
+        f"{m} {e} {v:.2f}" for (m, e), v in worst.items()), flush=True)

@@ -45,8 +45,10 @@ def compare_cmd(
     force: Annotated[bool, typer.Option("--force", help="Compare runs of another model, data, seed or batch.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
     paired_file: Annotated[
-        str | None, typer.Option("--paired", help="A `tfrun retime` output (OUT/retime.json): add the gap at equal "
-                                                  "time on its side-by-side time axis, which drift cannot move.")
+        list[str] | None, typer.Option("--paired", help="A `tfrun retime` output (OUT/retime.json): add the gap at "
+                                                        "equal time on its side-by-side time axis, which drift "
+                                                        "cannot move. Repeat it for several launches of retime: "
+                                                        "the median over launches.")
     ] = None,
 ) -> None:
     """What each method buys and costs: training time (wall time, evaluation excluded), tokens/s over it and
@@ -62,7 +64,7 @@ def compare_cmd(
 
     with user_errors(TfrunError):
         loaded, base = compare.load_comparable(runs, baseline, force, "compare")
-        result = compare.compare(loaded, base, paired.load(paired_file) if paired_file else None)
+        result = compare.compare(loaded, base, paired.load_all(paired_file) if paired_file else None)
         if plot:
             compare.plot(loaded, plot)
         if as_json:

@@ -27,11 +27,11 @@ Note [noise measure]: `--noise-measure` says what the small batch is, separately
               gradient of sequence i's mean token loss (tfrun.freeze.noise_perseq Note [per-sequence norms]);
               B_big and G_step as above. S depends only on the step's sequences, not on how micro-batches and
               replicas group them, so --dp 1 and --dp 2 on the same data give the same estimate, and it is the
-              quantity tfrun.freeze.noise_reference's definition averages. S comes from one sequence in four,
-              the same ones at any --dp (noise_perseq Note [sequence subset]). A tensor with fewer than two
-              sequences' norms in a step (a module kind noise_perseq does not know, a tied tensor, a step too
-              short or a tensor too often frozen to give two chosen sequences) is measured per micro-batch that
-              step, as under `microbatch`.
+              quantity tfrun.freeze.noise_reference's definition averages. S comes from every sequence, the
+              linear layers' norms through random projections drawn alike at any --dp (noise_perseq Notes
+              [sketched norms], [sequence subset]). A tensor with fewer than two sequences' norms in a step (a
+              module kind noise_perseq does not know, a tied tensor, a step too short or a tensor too often
+              frozen to give two sequences) is measured per micro-batch that step, as under `microbatch`.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class NoiseMeter:
         --objective goodput, which plans from the estimates)."""
         self.active = self.measured_this_step = force or (self.every > 0 and step % self.every == 0)
         if self.sequences is not None:
-            self.sequences.active = self.active
+            self.sequences.active, self.sequences.step = self.active, step
             self.sequences.clear()
         if self.active:
             for sums in self._sums.values():

@@ -11,8 +11,8 @@ Per module kind, from its forward input x and go, without a per-sequence gradien
                 (T d_in d_out multiply-adds) or |.|^2 = sum_{t,t'} (x_t.x_t') (go_t.go_t') from the two
                 (T x T) Gram matrices (T^2 (d_in + d_out)), whichever is fewer; the input's Gram matrix is
                 computed once for the layers that read the same tensor (wq, wk, wv; w1, w3). Bias: b sum_t go_t.
-                Either way about as many multiply-adds as the weight gradient itself (T ~ d), so a measured
-                micro-batch's backward costs about a third more (docs/cost-model.md, "Which noise estimator").
+                Either way about as many multiply-adds as the weight gradient itself (T ~ d), so by default
+                estimated through a random projection where that is cheaper (Note [sketched norms]).
   nn.Embedding  g_i = b x (go_t summed into its token's row): the rows of (sequence, token id) pairs, summed
                 with one index_add over the micro-batch; no (V x d) matrix per sequence.
   RMSNorm       g_i = b sum_t go_t * xhat_t (d), xhat = x / rms(x) recomputed from the input with the
@@ -33,23 +33,35 @@ one (a single process running each backward to the end) the key is None. Forward
 (torch's first-step metadata inference, on placeholder tensors; `forward_of`) are ignored. Hooks do nothing on
 steps that are not measured.
 
-Note [sequence subset]: a measured micro-batch's norms cost about a third of its forward and backward (the
-linear layers' norms take as many multiply-adds as their weight gradients), so a step measured on all its
-sequences costs about 30% more, 6% of the run at --noise-every 5 (docs/cost-model.md, "Which noise
-estimator"). So the norms come from one sequence in STRIDE: in micro-batch i (the index the stage's forward
-runs, `forward_of`) the sequences r (row of the
-whole micro-batch, over all replicas) with (r + i) % STRIDE == 0. S is their mean, still an unbiased
-|G|^2 + tr(Sigma) / B_small; G_step keeps every micro-batch. Why these rows:
+Note [sketched norms]: a linear layer's exact norms take about as many multiply-adds as its weight gradient (T ~
+d above), so norms of every sequence would add about a third to a measured micro-batch. With `sketch` k > 0 (the
+default, SKETCH) they are estimated through a random projection where that is cheaper: P (d_in x k), entries
+N(0, 1 / k), so E[P P^T] = I and E|G P|^2 = |G|^2 for any matrix G; per sequence |sum_t go_t (P^T x_t)^T|^2 =
+|go_i^T (x_i P)|^2, T k (d_in + d_out) multiply-adds (the sketch x P shared by the layers reading one input)
+instead of T^2 (d_in + d_out): 8x fewer for the tiny model (T = 128, k = 16), T / k fewer at T ~ d. Unbiased,
+so S stays an unbiased |G|^2 + tr(Sigma) / B_small; the sketch adds a variance of at most 2 / k of each
+sequence's |g_i|^2 squared (rank one; less for a gradient of higher rank), small beside how much the sequences'
+norms differ from each other (up to 5-20x the mean: docs/cost-model.md, "Which noise estimator"). P is drawn
+from a seed of (step, stage, tensor), so every replica and every grouping of the step's sequences into
+micro-batches uses the same P, and --dp 1 and --dp 2 still agree; the embedding, RMSNorm and biases are exact
+and cheap (T d a sequence).
+
+Note [sequence subset]: norms can come from one sequence in `stride` of every micro-batch (STRIDE = 1, every
+sequence, by default since the linear layers' norms are sketched: the first version computed them exactly for
+one sequence in four, as cheap, but S then held a quarter of the sequences and scattered about twice as much as
+the micro-batch measure's where the noise scale exceeds the batch). In micro-batch i (the index the stage's
+forward runs, `forward_of`) the sequences r (row of the whole micro-batch, over all replicas) with
+(r + i) % stride == 0. S is their mean, still an unbiased |G|^2 + tr(Sigma) / B_small; G_step keeps every
+micro-batch. Why these rows:
   - the same sequences at any --dp: micro-batch i holds the same sequences whatever --dp is, replica k rows
     [k b, (k + 1) b) of them (tfrun.distributed.rank.replica_rows), so a replica picks its rows from its
     offset k b (`chosen_rows`), and the replicas share the work;
   - one outlier micro-batch weighs what its share of the batch does: every micro-batch gives its share of the
-    subset (every STRIDE-th micro-batch whole would let one outlier be all of S at M = STRIDE);
-  - the offset turns with i, so micro-batches of fewer than STRIDE sequences still give norms (one in STRIDE
-    of them, at one sequence a micro-batch).
+    subset (every stride-th micro-batch whole would let one outlier be all of S at M = stride);
+  - the offset turns with i, so micro-batches of fewer than `stride` sequences still give norms.
 A tensor frozen (detached) in a micro-batch's forward gives no norms there; under --freeze-method grad the
 forward cannot tell a frozen tensor, and a micro-batch that leaves it out of its backward gives none either.
-So a tensor that one micro-batch of four sequences reached in a step has one sequence's norms, too few for the
+So a tensor that one micro-batch of one sequence reached in a step has one sequence's norms, too few for the
 step's estimate (tfrun.freeze.noise leaves it out of that step, as the micro-batch measure does): under heavy
 freezing its estimate comes from the steps that reached it more.
 """
@@ -63,9 +75,11 @@ from torch import nn
 
 from tfrun.models.llama import RMSNorm
 
-STRIDE = 4
-"""Per-sequence norms come from one sequence in STRIDE of every micro-batch: a quarter of the cost, from a quarter
-of the sequences (Note [sequence subset])."""
+STRIDE = 1
+"""Per-sequence norms come from one sequence in STRIDE of every micro-batch (Note [sequence subset]): every one,
+since the linear layers' norms are sketched (Note [sketched norms])."""
+SKETCH = 16
+"""Columns k of the linear layers' random projections (Note [sketched norms]); 0: exact norms."""
 
 
 def chosen_rows(microbatch: int, rows: int, replica: int, stride: int = STRIDE) -> slice:
@@ -80,13 +94,14 @@ def chosen_rows(microbatch: int, rows: int, replica: int, stride: int = STRIDE) 
 
 
 class SharedInput:
-    """One module input, (b, ..., d_in), and the Gram matrices of its sequences, (b, T, T), computed once for all
-    the linear layers that read it (attention's wq, wk and wv; the MLP's w1 and w3)."""
+    """One module input, (b, ..., d_in), and what the linear layers that read it (attention's wq, wk and wv; the
+    MLP's w1 and w3) share: the Gram matrices of its sequences, (b, T, T), or its sketch x P, (b, T, k), computed
+    once. P (d_in x k, entries N(0, 1 / k)) is drawn from `seed` (Note [sketched norms])."""
 
-    __slots__ = ("x", "readers", "gram")
+    __slots__ = ("x", "readers", "gram", "seed", "sketch")
 
-    def __init__(self, x: torch.Tensor) -> None:
-        self.x, self.readers, self.gram = x, 1, None
+    def __init__(self, x: torch.Tensor, seed: int = 0) -> None:
+        self.x, self.readers, self.gram, self.seed, self.sketch = x, 1, None, seed, None
 
     def x_gram(self) -> torch.Tensor:
         if self.gram is None:
@@ -94,18 +109,30 @@ class SharedInput:
             self.gram = x @ x.transpose(1, 2)
         return self.gram
 
+    def x_sketch(self, k: int) -> torch.Tensor:
+        if self.sketch is None:
+            x = _wide(self.x).reshape(self.x.shape[0], -1, self.x.shape[-1])
+            gen = torch.Generator(device=x.device).manual_seed(self.seed)
+            p = torch.randn(x.shape[-1], k, generator=gen, device=x.device, dtype=x.dtype) / k ** 0.5
+            self.sketch = x @ p
+        return self.sketch
 
-def linear_sq(shared: SharedInput, go: torch.Tensor, bias: bool) -> list[torch.Tensor]:
+
+def linear_sq(shared: SharedInput, go: torch.Tensor, bias: bool, sketch: int = 0) -> list[torch.Tensor]:
     """Sum over sequences of |sum_t go_t x_t^T|^2 (and of |sum_t go_t|^2 with a bias), float64 scalars; x (b, ...,
     d_in) the shared input, go (b, ..., d_out): the per-sequence pieces of the weight gradient (times b for g_i;
-    Note [per-sequence norms]). Multiply-adds: materialised T d_in d_out a sequence; from Gram matrices
-    T^2 (d_out + d_in / its readers), or T^2 d_out once another reader has computed the input's."""
+    Note [per-sequence norms]). Multiply-adds a sequence: materialised T d_in d_out; from Gram matrices
+    T^2 (d_out + d_in / its readers), or T^2 d_out once another reader has computed the input's; with `sketch`
+    k > 0 (Note [sketched norms]), T k (d_out + d_in / its readers), an unbiased estimate, where that is fewer."""
     x = shared.x
     b, d_in, d_out = x.shape[0], x.shape[-1], go.shape[-1]
     go = _wide(go).reshape(b, -1, d_out)
     t = go.shape[1]
     share = 0 if shared.gram is not None else d_in / shared.readers
-    if t * (d_out + share) < d_in * d_out:  # the Gram matrices are cheaper than the gradient itself
+    exact = min(t * (d_out + share), d_in * d_out)  # multiply-adds a token, the cheaper exact way
+    if sketch and sketch * (d_out + (0 if shared.sketch is not None else d_in / shared.readers)) < exact:
+        weight = (go.transpose(1, 2) @ shared.x_sketch(sketch)).square().sum(dtype=torch.float64)
+    elif t * (d_out + share) < d_in * d_out:  # the Gram matrices are cheaper than the gradient itself
         weight = (shared.x_gram() * (go @ go.transpose(1, 2))).sum(dtype=torch.float64)
     else:  # one sequence at a time: memory of one gradient, not b
         x = _wide(x).reshape(b, -1, d_in)
@@ -138,6 +165,12 @@ def rms_norm_sq(x: torch.Tensor, go: torch.Tensor, eps: float) -> torch.Tensor:
     return piece.square().sum(dtype=torch.float64)
 
 
+def _sketch_seed(step: int, stage: int, tensor: int) -> int:
+    """The seed of a linear input's projection: one per (step, stage, first reading tensor), the same on every
+    replica and for every micro-batch of the step (Note [sketched norms])."""
+    return ((step * 1_000_003 + stage) * 1_000_003 + tensor) % (2 ** 63)
+
+
 def _wide(t: torch.Tensor) -> torch.Tensor:
     """float32 at least (bf16 activations under autocast would lose the sums)."""
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
@@ -159,10 +192,14 @@ class SequenceNorms:
     hook. Only stages and tensors named in `names` (a stage's trainable tensors, in tfrun.freeze.noise's order)."""
 
     def __init__(self, modules: dict[int, nn.Module], names: dict[int, list[str]], *, replica: int = 0,
-                 stride: int = STRIDE) -> None:
+                 stride: int = STRIDE, sketch: int = SKETCH) -> None:
         self.active = False
-        self.replica, self.stride = replica, stride
-        """This rank's data-parallel index, and one sequence in `stride` gives norms (Note [sequence subset])."""
+        self.replica, self.stride, self.sketch = replica, stride, sketch
+        """This rank's data-parallel index; one sequence in `stride` gives norms (Note [sequence subset]); the
+        linear layers' projections have `sketch` columns (Note [sketched norms], 0: exact)."""
+        self.step = 0
+        """The step being measured (set by tfrun.freeze.noise): with the stage and tensor, it seeds the sketches,
+        so that every replica, and any grouping of the step's sequences into micro-batches, draws the same ones."""
         self._forwards: dict[int, int] = {}
         """id(module) -> its forwards in this measured step: the micro-batch index of the next one (without
         `forward_of`)."""
@@ -225,7 +262,7 @@ class SequenceNorms:
                     x = self._last[2]
                     x.readers += 1
                 else:
-                    x = SharedInput(args[0].detach()[rows])
+                    x = SharedInput(args[0].detach()[rows], seed=_sketch_seed(self.step, stage, live[0][1]))
                     self._last = (args[0], rows.start, x)
             else:
                 x = args[0].detach()[rows]
@@ -238,7 +275,7 @@ class SequenceNorms:
                 key = self.microbatch_of[stage]() if stage in self.microbatch_of else None
                 b = go.shape[0]
                 picked = go.detach()[rows]
-                values = self._values(kind, mod, x, picked, [attr for attr, _ in live])
+                values = self._values(kind, mod, x, picked, [attr for attr, _ in live], self.sketch)
                 for (_, i), value in zip(live, values):
                     self._pending[(stage, i, key)] = (value * (b * b), picked.shape[0], b)  # g_i = b x its piece
 
@@ -247,10 +284,10 @@ class SequenceNorms:
         return hook
 
     @staticmethod
-    def _values(kind: str, mod: nn.Module, x, go: torch.Tensor, attrs: list[str]) -> list[torch.Tensor]:
+    def _values(kind: str, mod: nn.Module, x, go: torch.Tensor, attrs: list[str], sketch: int) -> list[torch.Tensor]:
         with torch.no_grad():
             if kind == "linear":
-                weight_and_bias = linear_sq(x, go, bias=mod.bias is not None)
+                weight_and_bias = linear_sq(x, go, bias=mod.bias is not None, sketch=sketch)
                 return [weight_and_bias[0] if attr == "weight" else weight_and_bias[1] for attr in attrs]
             if kind == "embedding":
                 return [embedding_sq(x, go, mod.num_embeddings, mod.padding_idx)]

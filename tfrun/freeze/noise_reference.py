@@ -27,35 +27,93 @@ def _chain(stages: dict[int, nn.Module], x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+class ExactNoise:
+    """Note [exact noise scale] accumulated over sequences added in any number of calls, with its own sampling
+    error: sequence j (in the order added) falls into bucket j % `buckets`, and the delete-one-bucket jackknife
+    over the buckets gives the standard error of B. Where B is many sequences, |G|^2 is the small difference
+    |g|^2 - tr / N and a few hundred sequences leave B uncertain by 10-30% (docs/cost-model.md, "Which noise
+    estimator"): a reference is only as good as this error says, so benchmarks/noise_reference.py adds sequences
+    until it is small. Memory: `buckets` float64 copies of the parameters."""
+
+    def __init__(self, stages: dict[int, nn.Module], loss_fn, buckets: int = 16) -> None:
+        assert buckets >= 2, buckets
+        self.stages, self.loss_fn, self.buckets = stages, loss_fn, buckets
+        self.params = {s: [p for p in m.parameters() if p.requires_grad] for s, m in stages.items()}
+        self.sums = {s: [[torch.zeros_like(p, dtype=torch.float64) for p in ps] for _ in range(buckets)]
+                     for s, ps in self.params.items()}
+        """Stage -> bucket -> per tensor, the sum of its sequences' gradients."""
+        self.sq = {s: [0.0] * buckets for s in stages}
+        """Stage -> bucket -> the sum of its sequences' |g_j|^2."""
+        self.counts = [0] * buckets
+        self.seq_len = 0
+
+    @property
+    def sequences(self) -> int:
+        return sum(self.counts)
+
+    def add(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        """One backward per sequence of `inputs` (N x seq_len tokens); .grad is left empty."""
+        n, self.seq_len = inputs.shape
+        for j in range(n):
+            bucket = self.sequences % self.buckets
+            for ps in self.params.values():
+                for p in ps:
+                    p.grad = None
+            self.loss_fn(_chain(self.stages, inputs[j:j + 1]), targets[j:j + 1]).backward()
+            for s, ps in self.params.items():
+                for acc, p in zip(self.sums[s][bucket], ps):
+                    if p.grad is not None:
+                        g = p.grad.double()
+                        acc += g
+                        self.sq[s][bucket] += float(g.square().sum())
+            self.counts[bucket] += 1
+        for ps in self.params.values():
+            for p in ps:
+                p.grad = None
+
+    def _scale(self, n: int, total_sq: float, sq: float) -> float | None:
+        """B in tokens from N sequences, |sum of their gradients|^2 and the sum of their |g_j|^2."""
+        mean_sq = total_sq / n ** 2
+        trace = (sq - n * mean_sq) / (n - 1)
+        scale = noise_scale(mean_sq - trace / n, trace)
+        return None if scale is None else self.seq_len * scale
+
+    def scales(self) -> dict[int, tuple[float, float | None]]:
+        """Stage -> (B in tokens, its jackknife standard error in tokens, None when a leave-one-out value has no
+        positive |G|^2); a stage whose |G|^2 estimate is not positive is left out. Needs two sequences."""
+        n = self.sequences
+        assert n >= 2, "two sequences at least"
+        out = {}
+        for s in self.stages:
+            buckets = [b for b in range(self.buckets) if self.counts[b]]
+            # |sum over all|^2 and its leave-one-bucket-out values from the dot products of the bucket sums
+            dots = {(a, b): sum(float((x * y).sum()) for x, y in zip(self.sums[s][a], self.sums[s][b]))
+                    for a in buckets for b in buckets if a <= b}
+            dot = lambda a, b: dots[(min(a, b), max(a, b))]  # noqa: E731
+            total_sq = sum(dot(a, b) for a in buckets for b in buckets)
+            full = self._scale(n, total_sq, sum(self.sq[s]))
+            if full is None:
+                continue
+            left_out = []
+            for b in buckets:
+                if n - self.counts[b] < 2:
+                    break
+                without = total_sq - 2 * sum(dot(a, b) for a in buckets) + dot(b, b)
+                left_out.append(self._scale(n - self.counts[b], without, sum(self.sq[s]) - self.sq[s][b]))
+            error = None
+            if len(left_out) == len(buckets) >= 2 and None not in left_out:
+                k, mean = len(left_out), sum(left_out) / len(left_out)
+                error = ((k - 1) / k * sum((v - mean) ** 2 for v in left_out)) ** 0.5
+            out[s] = (full, error)
+        return out
+
+
 def exact(stages: dict[int, nn.Module], loss_fn, inputs: torch.Tensor, targets: torch.Tensor) -> dict[int, float]:
     """Stage -> B in tokens (Note [exact noise scale]) from the N sequences of `inputs` (N x seq_len tokens) and
     `targets`; a stage whose |G|^2 estimate is not positive is left out."""
-    params = {s: [p for p in m.parameters() if p.requires_grad] for s, m in stages.items()}
-    total = {s: [torch.zeros_like(p, dtype=torch.float64) for p in ps] for s, ps in params.items()}
-    sq = {s: 0.0 for s in stages}
-    n, seq_len = inputs.shape
-    for j in range(n):
-        for ps in params.values():
-            for p in ps:
-                p.grad = None
-        loss_fn(_chain(stages, inputs[j:j + 1]), targets[j:j + 1]).backward()
-        for s, ps in params.items():
-            for acc, p in zip(total[s], ps):
-                g = p.grad.double() if p.grad is not None else torch.zeros_like(acc)
-                acc += g
-                sq[s] += float(g.square().sum())
-    out = {}
-    for s in stages:
-        mean_sq = sum(float((acc / n).square().sum()) for acc in total[s])
-        trace = (sq[s] - n * mean_sq) / (n - 1)
-        gsq = mean_sq - trace / n
-        scale = noise_scale(gsq, trace)
-        if scale is not None:
-            out[s] = seq_len * scale
-    for ps in params.values():
-        for p in ps:
-            p.grad = None
-    return out
+    reference = ExactNoise(stages, loss_fn, buckets=2)
+    reference.add(inputs, targets)
+    return {s: b for s, (b, _) in reference.scales().items()}
 
 
 def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: int, num_microbatches: int,

@@ -9,6 +9,12 @@ at equal time is then computed as compare's raw one is (tfrun.records.compare), 
 `eval_gap_same_time_paired`, and max - min over the repeats its spread; None unless every repeat gives one (a run
 slower than the baseline ends past the baseline's last evaluation in some repeats: a median of the others would
 be biased). No torch.
+
+Several launches (`tfrun compare --paired A/retime.json --paired B/retime.json`): a launch of ranks can run a
+little faster or slower for one method than another launch does (measured: docs/results.md, third edition), which
+alternating inside the launch cannot remove; `load_all` joins the launches' repeats, and the paired gap is then
+the median over launches of each launch's median over its repeats (`..._launches`), the spread max - min over
+every repeat.
 """
 
 from __future__ import annotations
@@ -53,6 +59,29 @@ def load(path: str | Path) -> dict:
     return obj
 
 
+def load_all(paths: list[str | Path]) -> dict:
+    """`load` each file (one launch of `tfrun retime` each) and join them: every run's repeats, launch after launch,
+    with `launch` (per repeat, the index of its file). The files must re-time the same runs, one step in the same
+    `sample_every`; one TfrunError line otherwise."""
+    assert paths, "one file at least"
+    files = [load(p) for p in paths]
+    first = files[0]
+    dirs = sorted(str(Path(r["dir"]).resolve()) for r in first["runs"])
+    merged = {**first, "runs": [], "launches": len(files)}
+    for path, obj in zip(paths, files):
+        if obj["sample_every"] != first["sample_every"]:
+            raise TfrunError(f"{path}: sample_every {obj['sample_every']} differs from {paths[0]}'s "
+                             f"{first['sample_every']}: join launches of one retime setting")
+        if sorted(str(Path(r["dir"]).resolve()) for r in obj["runs"]) != dirs:
+            raise TfrunError(f"{path}: re-times other runs than {paths[0]}: join launches over the same runs")
+    for run in first["runs"]:
+        parts = [timing_of(obj, run["dir"]) for obj in files]
+        merged["runs"].append({**run, "steps": [s for t in parts for s in t["steps"]],
+                               "step_ms": [ms for t in parts for ms in t["step_ms"]],
+                               "launch": [k for k, t in enumerate(parts) for _ in t["step_ms"]]})
+    return merged
+
+
 def timing_of(retime: dict, run_dir: str) -> dict | None:
     """The retime entry of `run_dir` (matched by resolved path), or None."""
     want = Path(run_dir).resolve()
@@ -88,7 +117,8 @@ def paired_fields(run_steps: list[dict], run_timing: dict | None, base_axis: lis
     run was not re-timed. `base_axis`: the baseline's paired_axis (computed once for all runs); `loss_at`:
     compare.loss_at."""
     none = {"eval_gap_same_time_paired": None, "eval_gap_same_time_paired_spread": None,
-            "eval_gap_same_time_paired_repeats": None, "paired_training_s": None, "paired_speedup": None}
+            "eval_gap_same_time_paired_repeats": None, "eval_gap_same_time_paired_launches": None,
+            "paired_training_s": None, "paired_speedup": None}
     if run_timing is None:
         return none
     gaps, times, speedups = [], [], []
@@ -100,7 +130,11 @@ def paired_fields(run_steps: list[dict], run_timing: dict | None, base_axis: lis
         gaps.append((points[-1][2] - then) / then if then else None)
     if None in gaps:
         gaps = []
-    return {"eval_gap_same_time_paired": statistics.median(gaps) if gaps else None,
+    launch = run_timing.get("launch", [0] * len(gaps))
+    per_launch = [statistics.median(g for g, k in zip(gaps, launch) if k == i) for i in sorted(set(launch))
+                  ] if gaps else []
+    return {"eval_gap_same_time_paired": statistics.median(per_launch) if gaps else None,
             "eval_gap_same_time_paired_spread": max(gaps) - min(gaps) if gaps else None,
             "eval_gap_same_time_paired_repeats": gaps or None,
+            "eval_gap_same_time_paired_launches": per_launch or None,
             "paired_training_s": statistics.median(times), "paired_speedup": statistics.median(speedups)}

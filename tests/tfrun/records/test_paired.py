@@ -83,3 +83,37 @@ def test_a_bad_retime_file_is_one_line(tmp_path, obj, expect) -> None:
         paired.load(path)
     with pytest.raises(TfrunError, match="does not exist"):
         paired.load(tmp_path / "missing.json")
+
+
+def _launch(tmp_path, name: str, ms_base: list[list[float]], ms_method: list[list[float]], every: int = 1):
+    path = tmp_path / f"{name}.json"
+    steps = list(range(len(ms_base[0])))
+    path.write_text(json.dumps({**GOOD, "sample_every": every, "runs": [
+        {"dir": str(tmp_path / "base"), "steps": [steps] * len(ms_base), "step_ms": ms_base},
+        {"dir": str(tmp_path / "method"), "steps": [steps] * len(ms_method), "step_ms": ms_method}]}))
+    return path
+
+
+def test_launches_join_and_the_paired_gap_is_the_median_over_launches_of_their_medians(tmp_path) -> None:
+    # The method's loss curve: 3.0 at step 1 and 2.5 at step 3; the baseline's 3.0 at step 3 (and 4.0 at step 1):
+    # the baseline's loss at the method's paired end time is interpolated, so each repeat's gap is closed-form.
+    base = _rows([100.0] * 4, {1: 4.0, 3: 3.0})
+    method = _rows([100.0] * 4, {1: 3.0, 3: 2.5})
+    a = _launch(tmp_path, "a", [[100.0] * 4] * 3, [[50.0] * 4, [52.0] * 4, [54.0] * 4])
+    b = _launch(tmp_path, "b", [[100.0] * 4], [[60.0] * 4])
+    merged = paired.load_all([a, b])
+    timing = paired.timing_of(merged, str(tmp_path / "method"))
+    assert merged["launches"] == 2 and timing["launch"] == [0, 0, 0, 1] and len(timing["step_ms"]) == 4
+    base_axis = paired.paired_axis(base, paired.timing_of(merged, str(tmp_path / "base")), 1)
+    fields = paired.paired_fields(method, timing, base_axis, 400, 400, compare.loss_at, 1)
+    gaps = fields["eval_gap_same_time_paired_repeats"]
+    assert len(gaps) == 4 and gaps[0] < gaps[1] < gaps[2] < gaps[3]  # slower replays, later, higher baseline loss
+    assert fields["eval_gap_same_time_paired_launches"] == pytest.approx([gaps[1], gaps[3]])
+    assert fields["eval_gap_same_time_paired"] == pytest.approx((gaps[1] + gaps[3]) / 2)
+    assert fields["eval_gap_same_time_paired_spread"] == pytest.approx(gaps[3] - gaps[0])
+    with pytest.raises(TfrunError, match="sample_every 2 differs"):
+        paired.load_all([a, _launch(tmp_path, "c", [[100.0] * 4], [[60.0] * 4], every=2)])
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**GOOD, "runs": [{"dir": str(tmp_path / "base"), "steps": [[0]], "step_ms": [[1.0]]}]}))
+    with pytest.raises(TfrunError, match="re-times other runs"):
+        paired.load_all([a, other])
