@@ -5,7 +5,13 @@ run_config.json (tokens per step), and draws one panel per folder: the noise sca
 scale, with the step batch as a horizontal line (above it, freezing costs almost linearly; well below it,
 almost nothing: docs/cost-model.md, "Goodput").
 
+With --freeze (a run that froze, e.g. the online goodput mode), each panel also draws the run's realised freeze
+ratio per stage (right axis, the mean over each --window steps), and a table gives, per window, the mean ratio
+and the median noise scale per stage, with their rank correlation (Spearman) per stage: issue 38 asks whether the
+online goodput mode freezes less as the measured noise scale rises.
+
     python benchmarks/noise_plot.py runs/study/finetune/seed0/none runs/study/scratch/seed0/none -o noise.png
+    python benchmarks/noise_plot.py runs/study/crossing/seed0/timely-goodput --freeze -o crossing.png
 """
 
 from __future__ import annotations
@@ -29,10 +35,55 @@ def trajectory(folder: Path) -> tuple[list[int], list[list[float]], int]:
     return steps, scales, tokens
 
 
+def freeze_windows(folder: Path, width: int) -> list[tuple[int, list[float], list[float | None]]]:
+    """Per window of `width` steps: (first step, mean realised freeze ratio per stage, median noise scale per stage
+    over the window's measured steps, None where none)."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "event" not in r and "freeze_ratio" in r]
+    out = []
+    for start in range(0, rows[-1]["step"] + 1, width):
+        part = [r for r in rows if start <= r["step"] < start + width]
+        if not part:
+            continue
+        stages = len(part[0]["freeze_ratio"])
+        ratio = [sum(r["freeze_ratio"][s] for r in part) / len(part) for s in range(stages)]
+        noise = []
+        for s in range(stages):
+            values = sorted(r["noise_scale_tokens"][s] for r in part
+                            if r.get("noise_scale_tokens") and r["noise_scale_tokens"][s] is not None)
+            noise.append(values[len(values) // 2] if values else None)
+        out.append((start, ratio, noise))
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Rank correlation, tied values sharing their mean rank; NaN where either side is constant."""
+    def ranks(x):
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        out = [0.0] * len(x)
+        k = 0
+        while k < len(order):
+            j = k
+            while j + 1 < len(order) and x[order[j + 1]] == x[order[k]]:
+                j += 1
+            for i in order[k:j + 1]:
+                out[i] = (k + j) / 2
+            k = j + 1
+        return out
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("-o", "--out", type=Path, required=True)
+    ap.add_argument("--freeze", action="store_true", help="also the realised freeze ratio per stage, and the table")
+    ap.add_argument("--window", type=int, default=25, help="steps per window of the freeze ratio (--freeze)")
     args = ap.parse_args()
     import matplotlib
 
@@ -52,7 +103,25 @@ def main() -> None:
         ax.set_ylabel("noise scale (tokens)")
         ax.set_title(str(folder.parent.parent.name + "/" + folder.parent.name), fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left")
+        if args.freeze:
+            windows = freeze_windows(folder, args.window)
+            right = ax.twinx()
+            for s, style in zip(range(len(windows[0][1])), ("-", "--", ":", "-.")):
+                right.step([w[0] for w in windows], [w[1][s] for w in windows], style, where="post", color="tab:red",
+                           alpha=0.7, label=f"freeze ratio, stage {s}")
+            right.set_ylim(0, 1)
+            right.set_ylabel(f"realised freeze ratio (mean over {args.window} steps)")
+            right.legend(fontsize=8, loc="lower right")
+            print(f"{folder}: per window of {args.window} steps, mean freeze ratio and median noise scale per stage")
+            for start, ratio, noise in windows:
+                print(f"  steps {start:4d}-{start + args.window - 1:<4d} ratio "
+                      + " ".join(f"{r:.2f}" for r in ratio) + "  noise "
+                      + " ".join("-" if n is None else f"{n:,.0f}" for n in noise))
+            for s in range(len(windows[0][1])):
+                pairs = [(w[1][s], w[2][s]) for w in windows if w[2][s] is not None]
+                print(f"  stage {s}: Spearman(freeze ratio, noise scale) = "
+                      f"{spearman([p[0] for p in pairs], [p[1] for p in pairs]):+.2f} over {len(pairs)} windows")
         print(f"{folder}: " + "; ".join(f"step {st}: " + ", ".join(f"{x:,.0f}" for x in row)
                                         for st, row in list(zip(steps, scales))[:: max(1, len(steps) // 6)]))
     fig.tight_layout()

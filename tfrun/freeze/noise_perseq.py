@@ -98,10 +98,12 @@ class SharedInput:
     MLP's w1 and w3) share: the Gram matrices of its sequences, (b, T, T), or its sketch x P, (b, T, k), computed
     once. P (d_in x k, entries N(0, 1 / k)) is drawn from `seed` (Note [sketched norms])."""
 
-    __slots__ = ("x", "readers", "gram", "seed", "sketch")
+    __slots__ = ("x", "readers", "gram", "seed", "sketch", "projections")
 
-    def __init__(self, x: torch.Tensor, seed: int = 0) -> None:
+    def __init__(self, x: torch.Tensor, seed: int = 0, projections: dict | None = None) -> None:
         self.x, self.readers, self.gram, self.seed, self.sketch = x, 1, None, seed, None
+        self.projections = {} if projections is None else projections
+        """(seed, d_in, k) -> P, shared by the step's micro-batches (SequenceNorms keeps it for a step)."""
 
     def x_gram(self) -> torch.Tensor:
         if self.gram is None:
@@ -112,8 +114,12 @@ class SharedInput:
     def x_sketch(self, k: int) -> torch.Tensor:
         if self.sketch is None:
             x = _wide(self.x).reshape(self.x.shape[0], -1, self.x.shape[-1])
-            gen = torch.Generator(device=x.device).manual_seed(self.seed)
-            p = torch.randn(x.shape[-1], k, generator=gen, device=x.device, dtype=x.dtype) / k ** 0.5
+            key = (self.seed, x.shape[-1], k)
+            p = self.projections.get(key)
+            if p is None or p.device != x.device or p.dtype != x.dtype:
+                gen = torch.Generator(device=x.device).manual_seed(self.seed)
+                p = self.projections[key] = torch.randn(x.shape[-1], k, generator=gen, device=x.device,
+                                                        dtype=x.dtype) / k ** 0.5
             self.sketch = x @ p
         return self.sketch
 
@@ -214,6 +220,8 @@ class SequenceNorms:
         self._pending: dict[tuple[int, int, object], tuple[torch.Tensor, int, int]] = {}
         """(stage, tensor, micro-batch) -> (sum over its chosen sequences of |g_i|^2, float64; those sequences;
         the micro-batch's sequences), until taken."""
+        self._projections: dict = {}
+        """The step's random projections (Note [sketched norms]), drawn once for its micro-batches."""
         self._last: tuple[torch.Tensor, int, SharedInput] | None = None
         """The last linear layer's input (the tensor itself, to recognise the next reader), its first chosen row
         and its SharedInput."""
@@ -262,7 +270,8 @@ class SequenceNorms:
                     x = self._last[2]
                     x.readers += 1
                 else:
-                    x = SharedInput(args[0].detach()[rows], seed=_sketch_seed(self.step, stage, live[0][1]))
+                    x = SharedInput(args[0].detach()[rows], seed=_sketch_seed(self.step, stage, live[0][1]),
+                                    projections=self._projections)
                     self._last = (args[0], rows.start, x)
             else:
                 x = args[0].detach()[rows]
@@ -303,6 +312,7 @@ class SequenceNorms:
         """Drop values no gradient took (tensors frozen in their micro-batch)."""
         self._pending.clear()
         self._forwards.clear()
+        self._projections.clear()
         self._last = None
 
     def close(self) -> None:

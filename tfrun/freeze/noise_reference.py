@@ -87,10 +87,13 @@ class ExactNoise:
         for s in self.stages:
             buckets = [b for b in range(self.buckets) if self.counts[b]]
             # |sum over all|^2 and its leave-one-bucket-out values from the dot products of the bucket sums
-            dots = {(a, b): sum(float((x * y).sum()) for x, y in zip(self.sums[s][a], self.sums[s][b]))
-                    for a in buckets for b in buckets if a <= b}
-            dot = lambda a, b: dots[(min(a, b), max(a, b))]  # noqa: E731
-            total_sq = sum(dot(a, b) for a in buckets for b in buckets)
+            dot = {}
+            for a in buckets:
+                for b in buckets:
+                    if a <= b:
+                        dot[a, b] = dot[b, a] = sum(float((x * y).sum())
+                                                    for x, y in zip(self.sums[s][a], self.sums[s][b]))
+            total_sq = sum(dot[a, b] for a in buckets for b in buckets)
             full = self._scale(n, total_sq, sum(self.sq[s]))
             if full is None:
                 continue
@@ -98,7 +101,7 @@ class ExactNoise:
             for b in buckets:
                 if n - self.counts[b] < 2:
                     break
-                without = total_sq - 2 * sum(dot(a, b) for a in buckets) + dot(b, b)
+                without = total_sq - 2 * sum(dot[a, b] for a in buckets) + dot[b, b]
                 left_out.append(self._scale(n - self.counts[b], without, sum(self.sq[s]) - self.sq[s][b]))
             error = None
             if len(left_out) == len(buckets) >= 2 and None not in left_out:

@@ -114,6 +114,7 @@ def test_launches_join_and_the_paired_gap_is_the_median_over_launches_of_their_m
     with pytest.raises(TfrunError, match="sample_every 2 differs"):
         paired.load_all([a, _launch(tmp_path, "c", [[100.0] * 4], [[60.0] * 4], every=2)])
     other = tmp_path / "other.json"
-    other.write_text(json.dumps({**GOOD, "runs": [{"dir": str(tmp_path / "base"), "steps": [[0]], "step_ms": [[1.0]]}]}))
+    other.write_text(json.dumps({**GOOD, "runs": [{"dir": str(tmp_path / "base"), "steps": [[0]],
+                                                   "step_ms": [[1.0]]}]}))
     with pytest.raises(TfrunError, match="re-times other runs"):
         paired.load_all([a, other])
