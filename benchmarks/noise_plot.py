@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 
@@ -40,6 +41,8 @@ def freeze_windows(folder: Path, width: int) -> list[tuple[int, list[float], lis
     over the window's measured steps, None where none)."""
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "event" not in r and "freeze_ratio" in r]
+    if not rows:
+        raise SystemExit(f"{folder}: no step recorded its freeze ratio")
     out = []
     for start in range(0, rows[-1]["step"] + 1, width):
         part = [r for r in rows if start <= r["step"] < start + width]
@@ -51,7 +54,7 @@ def freeze_windows(folder: Path, width: int) -> list[tuple[int, list[float], lis
         for s in range(stages):
             values = sorted(r["noise_scale_tokens"][s] for r in part
                             if r.get("noise_scale_tokens") and r["noise_scale_tokens"][s] is not None)
-            noise.append(values[len(values) // 2] if values else None)
+            noise.append(statistics.median(values) if values else None)
         out.append((start, ratio, noise))
     return out
 
@@ -71,6 +74,8 @@ def spearman(a: list[float], b: list[float]) -> float:
             k = j + 1
         return out
 
+    if len(a) < 2:
+        return float("nan")
     ra, rb = ranks(a), ranks(b)
     ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
     cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))

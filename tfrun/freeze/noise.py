@@ -68,7 +68,8 @@ class NoiseMeter:
         self.active = False
         self._sums: dict[int, StepSums] = {}
         """Stage -> what this step's gradient hooks saw."""
-        self.sequences = SequenceNorms(modules, self.names, replica=dp_rank) if measure == "sequence" else None
+        self.sequences = (SequenceNorms(modules, self.names, replica=dp_rank, replicas=dp) if measure == "sequence"
+                          else None)
         """`--noise-measure sequence`: the per-sequence norms (Note [noise measure]); None: per micro-batch."""
         self.smoothed: dict[int, TensorNoise] = {}
         """Stage -> its per-tensor |G|^2 and tr(Sigma), smoothed over measured steps by `estimator`."""

@@ -35,16 +35,19 @@ steps that are not measured.
 
 Note [sketched norms]: a linear layer's exact norms take about as many multiply-adds as its weight gradient (T ~
 d above), so norms of every sequence would add about a third to a measured micro-batch. With `sketch` k > 0 (the
-default, SKETCH) they are estimated through a random projection where that is cheaper: P (d_in x k), entries
-N(0, 1 / k), so E[P P^T] = I and E|G P|^2 = |G|^2 for any matrix G; per sequence |sum_t go_t (P^T x_t)^T|^2 =
-|go_i^T (x_i P)|^2, T k (d_in + d_out) multiply-adds (the sketch x P shared by the layers reading one input)
-instead of T^2 (d_in + d_out): 8x fewer for the tiny model (T = 128, k = 16), T / k fewer at T ~ d. Unbiased,
-so S stays an unbiased |G|^2 + tr(Sigma) / B_small; the sketch adds a variance of at most 2 / k of each
-sequence's |g_i|^2 squared (rank one; less for a gradient of higher rank), small beside how much the sequences'
-norms differ from each other (up to 5-20x the mean: docs/cost-model.md, "Which noise estimator"). P is drawn
-from a seed of (step, stage, tensor), so every replica and every grouping of the step's sequences into
-micro-batches uses the same P, and --dp 1 and --dp 2 still agree; the embedding, RMSNorm and biases are exact
-and cheap (T d a sequence).
+default, SKETCH) they are estimated through random projections where that is cheaper: for sequence i a P_i
+(d_in x k), entries N(0, 1 / k), so E[P_i P_i^T] = I and E|G P_i|^2 = |G|^2 for any matrix G; then
+|g_i|^2 ~ b^2 |go_i^T (x_i P_i)|^2, T k (d_in + d_out) multiply-adds a sequence (x_i P_i shared by the layers
+reading one input) instead of T^2 (d_in + d_out): 8x fewer for the tiny model (T = 128, k = 16), T / k fewer at
+T ~ d. Unbiased, so S stays an unbiased |G|^2 + tr(Sigma) / B_small. One sequence's estimate has a relative
+variance of at most 2 / k (a rank-one gradient; 2 / (k r) for effective rank r); each sequence has its own P_i,
+so these errors are independent and S's relative error from the sketch falls as 1 / sqrt(sequences) (a P
+shared by a step's sequences would leave S with an error that no number of sequences averages out). P_i is
+drawn on the CPU from a seed of (step, stage, the input's first measured reader, the sequence's row in the
+step's batch): every device, every replica and every grouping of the step's sequences into micro-batches draws
+the same P_i, so --dp 1 and --dp 2 still agree. (When that first reader is frozen in a micro-batch, the next
+one seeds it there: other values, as unbiased, and the same on every replica, which freeze alike.) The
+embedding, RMSNorm and biases are exact and cheap (T d a sequence).
 
 Note [sequence subset]: norms can come from one sequence in `stride` of every micro-batch (STRIDE = 1, every
 sequence, by default since the linear layers' norms are sketched: the first version computed them exactly for
@@ -87,23 +90,26 @@ def chosen_rows(microbatch: int, rows: int, replica: int, stride: int = STRIDE) 
     norms are computed (Note [sequence subset]): whole-micro-batch rows r = replica x rows + j with
     (r + microbatch) % stride == 0.
 
-    >>> chosen_rows(0, 4, 0), chosen_rows(1, 4, 0), chosen_rows(1, 2, 1), chosen_rows(2, 1, 0)
+    >>> chosen_rows(0, 4, 0, 4), chosen_rows(1, 4, 0, 4), chosen_rows(1, 2, 1, 4), chosen_rows(2, 1, 0, 4)
     (slice(0, 4, 4), slice(3, 4, 4), slice(1, 2, 4), slice(2, 1, 4))
+    >>> chosen_rows(1, 4, 0)  # the default, STRIDE = 1: every row
+    slice(0, 4, 1)
     """
     return slice((-(replica * rows + microbatch)) % stride, rows, stride)
 
 
 class SharedInput:
     """One module input, (b, ..., d_in), and what the linear layers that read it (attention's wq, wk and wv; the
-    MLP's w1 and w3) share: the Gram matrices of its sequences, (b, T, T), or its sketch x P, (b, T, k), computed
-    once. P (d_in x k, entries N(0, 1 / k)) is drawn from `seed` (Note [sketched norms])."""
+    MLP's w1 and w3) share: the Gram matrices of its sequences, (b, T, T), or its sketch x_i P_i, (b, T, k),
+    computed once. P_i (d_in x k, entries N(0, 1 / k)) is drawn for sequence i from seeds[i] (Note [sketched
+    norms])."""
 
-    __slots__ = ("x", "readers", "gram", "seed", "sketch", "projections")
+    __slots__ = ("x", "readers", "gram", "seeds", "sketch")
 
-    def __init__(self, x: torch.Tensor, seed: int = 0, projections: dict | None = None) -> None:
-        self.x, self.readers, self.gram, self.seed, self.sketch = x, 1, None, seed, None
-        self.projections = {} if projections is None else projections
-        """(seed, d_in, k) -> P, shared by the step's micro-batches (SequenceNorms keeps it for a step)."""
+    def __init__(self, x: torch.Tensor, seeds: list[int] | None = None) -> None:
+        self.x, self.readers, self.gram, self.sketch = x, 1, None, None
+        self.seeds = list(range(x.shape[0])) if seeds is None else seeds
+        assert len(self.seeds) == x.shape[0], (len(self.seeds), x.shape)
 
     def x_gram(self) -> torch.Tensor:
         if self.gram is None:
@@ -114,14 +120,19 @@ class SharedInput:
     def x_sketch(self, k: int) -> torch.Tensor:
         if self.sketch is None:
             x = _wide(self.x).reshape(self.x.shape[0], -1, self.x.shape[-1])
-            key = (self.seed, x.shape[-1], k)
-            p = self.projections.get(key)
-            if p is None or p.device != x.device or p.dtype != x.dtype:
-                gen = torch.Generator(device=x.device).manual_seed(self.seed)
-                p = self.projections[key] = torch.randn(x.shape[-1], k, generator=gen, device=x.device,
-                                                        dtype=x.dtype) / k ** 0.5
-            self.sketch = x @ p
+            self.sketch = x @ projections(self.seeds, x.shape[-1], k).to(x.device, x.dtype)
         return self.sketch
+
+
+def projections(seeds: list[int], d_in: int, k: int) -> torch.Tensor:
+    """(len(seeds), d_in, k): one P per seed, entries N(0, 1 / k), drawn on the CPU so that every device and every
+    replica draws the same values from the same seed (Note [sketched norms])."""
+    gen = torch.Generator()
+    out = torch.empty(len(seeds), d_in, k)
+    for i, seed in enumerate(seeds):
+        gen.manual_seed(seed)
+        torch.randn(d_in, k, generator=gen, out=out[i])
+    return out / k ** 0.5
 
 
 def linear_sq(shared: SharedInput, go: torch.Tensor, bias: bool, sketch: int = 0) -> list[torch.Tensor]:
@@ -171,10 +182,11 @@ def rms_norm_sq(x: torch.Tensor, go: torch.Tensor, eps: float) -> torch.Tensor:
     return piece.square().sum(dtype=torch.float64)
 
 
-def _sketch_seed(step: int, stage: int, tensor: int) -> int:
-    """The seed of a linear input's projection: one per (step, stage, first reading tensor), the same on every
-    replica and for every micro-batch of the step (Note [sketched norms])."""
-    return ((step * 1_000_003 + stage) * 1_000_003 + tensor) % (2 ** 63)
+def _sketch_seed(step: int, stage: int, tensor: int, sequence: int) -> int:
+    """The seed of one sequence's projection for one linear input: (step, stage, the input's first measured reader,
+    the sequence's row in the step's batch), the same on every replica and for any grouping of the step's
+    sequences into micro-batches (Note [sketched norms])."""
+    return (((step * 1_000_003 + stage) * 1_000_003 + tensor) * 1_000_003 + sequence) % (2 ** 63)
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -198,11 +210,11 @@ class SequenceNorms:
     hook. Only stages and tensors named in `names` (a stage's trainable tensors, in tfrun.freeze.noise's order)."""
 
     def __init__(self, modules: dict[int, nn.Module], names: dict[int, list[str]], *, replica: int = 0,
-                 stride: int = STRIDE, sketch: int = SKETCH) -> None:
+                 replicas: int = 1, stride: int = STRIDE, sketch: int = SKETCH) -> None:
         self.active = False
-        self.replica, self.stride, self.sketch = replica, stride, sketch
-        """This rank's data-parallel index; one sequence in `stride` gives norms (Note [sequence subset]); the
-        linear layers' projections have `sketch` columns (Note [sketched norms], 0: exact)."""
+        self.replica, self.replicas, self.stride, self.sketch = replica, replicas, stride, sketch
+        """This rank's data-parallel index of `replicas`; one sequence in `stride` gives norms (Note [sequence
+        subset]); the linear layers' projections have `sketch` columns (Note [sketched norms], 0: exact)."""
         self.step = 0
         """The step being measured (set by tfrun.freeze.noise): with the stage and tensor, it seeds the sketches,
         so that every replica, and any grouping of the step's sequences into micro-batches, draws the same ones."""
@@ -220,8 +232,6 @@ class SequenceNorms:
         self._pending: dict[tuple[int, int, object], tuple[torch.Tensor, int, int]] = {}
         """(stage, tensor, micro-batch) -> (sum over its chosen sequences of |g_i|^2, float64; those sequences;
         the micro-batch's sequences), until taken."""
-        self._projections: dict = {}
-        """The step's random projections (Note [sketched norms]), drawn once for its micro-batches."""
         self._last: tuple[torch.Tensor, int, SharedInput] | None = None
         """The last linear layer's input (the tensor itself, to recognise the next reader), its first chosen row
         and its SharedInput."""
@@ -270,8 +280,12 @@ class SequenceNorms:
                     x = self._last[2]
                     x.readers += 1
                 else:
-                    x = SharedInput(args[0].detach()[rows], seed=_sketch_seed(self.step, stage, live[0][1]),
-                                    projections=self._projections)
+                    # the sequences' rows in the step's batch: micro-batch i holds rows [i w, (i + 1) w) of it,
+                    # w = its rows over all replicas, replica k rows [k b, (k + 1) b) of those (replica_rows)
+                    width, first = args[0].shape[0] * self.replicas, self.replica * args[0].shape[0]
+                    seeds = [_sketch_seed(self.step, stage, entries[0][1], microbatch * width + first + j)
+                             for j in range(rows.start, rows.stop, rows.step)]
+                    x = SharedInput(args[0].detach()[rows], seeds)
                     self._last = (args[0], rows.start, x)
             else:
                 x = args[0].detach()[rows]
@@ -312,7 +326,6 @@ class SequenceNorms:
         """Drop values no gradient took (tensors frozen in their micro-batch)."""
         self._pending.clear()
         self._forwards.clear()
-        self._projections.clear()
         self._last = None
 
     def close(self) -> None:
@@ -320,3 +333,4 @@ class SequenceNorms:
             handle.remove()
         self._handles.clear()
         self._pending.clear()
+        self._last = None

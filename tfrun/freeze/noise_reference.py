@@ -53,7 +53,9 @@ class ExactNoise:
 
     def add(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         """One backward per sequence of `inputs` (N x seq_len tokens); .grad is left empty."""
-        n, self.seq_len = inputs.shape
+        n, seq_len = inputs.shape
+        assert self.seq_len in (0, seq_len), f"sequences of {seq_len} tokens added to ones of {self.seq_len}"
+        self.seq_len = seq_len
         for j in range(n):
             bucket = self.sequences % self.buckets
             for ps in self.params.values():

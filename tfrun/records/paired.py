@@ -62,21 +62,26 @@ def load(path: str | Path) -> dict:
 def load_all(paths: list[str | Path]) -> dict:
     """`load` each file (one launch of `tfrun retime` each) and join them: every run's repeats, launch after launch,
     with `launch` (per repeat, the index of its file). The files must re-time the same runs, one step in the same
-    `sample_every`; one TfrunError line otherwise."""
+    `sample_every`, each file's runs as many repeats; one TfrunError line otherwise."""
     assert paths, "one file at least"
+    if len({str(Path(p).resolve()) for p in paths}) < len(paths):
+        raise TfrunError("--paired: a file is given twice; each launch of tfrun retime counts once")
     files = [load(p) for p in paths]
     first = files[0]
     dirs = sorted(str(Path(r["dir"]).resolve()) for r in first["runs"])
-    merged = {**first, "runs": [], "launches": len(files)}
     for path, obj in zip(paths, files):
         if obj["sample_every"] != first["sample_every"]:
             raise TfrunError(f"{path}: sample_every {obj['sample_every']} differs from {paths[0]}'s "
                              f"{first['sample_every']}: join launches of one retime setting")
         if sorted(str(Path(r["dir"]).resolve()) for r in obj["runs"]) != dirs:
             raise TfrunError(f"{path}: re-times other runs than {paths[0]}: join launches over the same runs")
+        if len({len(r["step_ms"]) for r in obj["runs"]}) > 1:  # repeats pair up by index within a launch
+            raise TfrunError(f"{path}: its runs hold different numbers of repeats")
+    merged = {"schema_version": SCHEMA_VERSION, "sample_every": first["sample_every"], "mismatched_actions": 0,
+              "launches": len(files), "files": [str(p) for p in paths], "runs": []}
     for run in first["runs"]:
         parts = [timing_of(obj, run["dir"]) for obj in files]
-        merged["runs"].append({**run, "steps": [s for t in parts for s in t["steps"]],
+        merged["runs"].append({"dir": run["dir"], "steps": [s for t in parts for s in t["steps"]],
                                "step_ms": [ms for t in parts for ms in t["step_ms"]],
                                "launch": [k for k, t in enumerate(parts) for _ in t["step_ms"]]})
     return merged
@@ -112,8 +117,10 @@ def paired_axis(steps: list[dict], timing: dict, every: int) -> list[tuple[list[
 
 def paired_fields(run_steps: list[dict], run_timing: dict | None, base_axis: list, tokens: int, base_tokens: int,
                   loss_at, every: int) -> dict:
-    """compare's paired columns for one run: `eval_gap_same_time_paired` (median over repeats), its
-    `..._spread` (max - min) and per repeat, `paired_training_s` and `paired_speedup` (medians); None where the
+    """compare's paired columns for one run: `eval_gap_same_time_paired` (the median over launches of each
+    launch's median over its repeats; one launch: the median over repeats), per launch (`..._launches`), its
+    `..._spread` (max - min over every repeat) and per repeat, `paired_training_s` and `paired_speedup` (medians
+    over every repeat); None where the
     run was not re-timed. `base_axis`: the baseline's paired_axis (computed once for all runs); `loss_at`:
     compare.loss_at."""
     none = {"eval_gap_same_time_paired": None, "eval_gap_same_time_paired_spread": None,

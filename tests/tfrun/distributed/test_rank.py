@@ -43,8 +43,8 @@ def _plan(tmp_path: Path) -> Path:
     prof = profile.uniform(2, name="unit")
     d = dag.build(schedules.generate("1f1b", 2, 4), prof)
     path = tmp_path / "plan.json"
-    # cap 0.5: at 0.9 stage 1's tensors are reached by one micro-batch of four a step, one sequence of whose norms
-    # is computed (noise_perseq Note [sequence subset]), too few for an estimate at either --dp
+    # cap 0.5: at 0.9 stage 1's tensors can be reached by one micro-batch a step, whose sequences may be too few
+    # for an estimate at --dp 2 (noise_perseq Note [sequence subset]); 0.5 leaves every step an estimate
     plan.write(plan.make_plan(d, solver.solve(d, 0.5), [0.5, 0.5], prof), path)
     return path
 

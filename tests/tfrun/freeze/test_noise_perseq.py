@@ -20,6 +20,7 @@ from tfrun.freeze.noise_perseq import (  # noqa: E402
     chosen_rows,
     embedding_sq,
     linear_sq,
+    projections,
 )
 from tfrun.models import MODELS, build_stage, loss_fn  # noqa: E402
 
@@ -60,7 +61,7 @@ def test_hooks_equal_explicit_per_sequence_backward_passes(dtype, rel) -> None:
     # agrees to ~1e-7.)
     stages = _stages(dtype)
     names = {s: [c.name for c in candidates(m)] for s, m in stages.items()}
-    norms = SequenceNorms(stages, names, stride=1)
+    norms = SequenceNorms(stages, names, stride=1, sketch=0)  # exact norms (the sketch's are tested below)
     assert all(bool(m.all()) for m in norms.measured.values())  # every tensor of the model has a per-sequence value
     x, y = _batch()
     expected = _explicit(stages, x, y)  # (before the hooks are active)
@@ -96,19 +97,22 @@ def test_linear_bias_gram_path_and_padding_rows() -> None:
     assert float(embedding_sq(ids, go, 6, 0)) == pytest.approx(float(rows.square().sum()), rel=1e-12)
 
 
-def test_sketched_norms_are_unbiased_and_shared_by_the_readers_of_an_input() -> None:
+def test_sketched_norms_are_unbiased_with_a_projection_per_sequence_shared_by_the_readers() -> None:
     # Note [sketched norms]: at t = 64, k = 4 the sketch (4 x (30 + 40) a token) is cheaper than the exact norms
-    # (min(64 x 70, 30 x 40)), so it is used; over 3,000 seeds its mean is the exact value (a single draw's
-    # relative variance is at most 2 / k = 0.5, so the mean's standard error is below 1.3%); one seed gives
-    # one value, and a second reader of the input reuses the first's sketch.
+    # (min(64 x 70, 30 x 40)), so it is used; over 3,000 draws its mean is the exact value (a single draw's
+    # relative variance is at most 2 / k = 0.5, so the mean's standard error is below 1.3%). Each sequence has
+    # its own projection (a seed each, drawn alike on any device), and a second reader reuses the first's sketch.
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(3, 64, 40, generator=gen, dtype=torch.float64)
     go = torch.randn(3, 64, 30, generator=gen, dtype=torch.float64) * torch.linspace(0.1, 2, 30, dtype=torch.float64)
     exact = sum(float((go[i].T @ x[i]).square().sum()) for i in range(3))
-    draws = [float(linear_sq(SharedInput(x, seed=seed), go, bias=False, sketch=4)[0]) for seed in range(3000)]
+    draws = [float(linear_sq(SharedInput(x, [3 * d, 3 * d + 1, 3 * d + 2]), go, bias=False, sketch=4)[0])
+             for d in range(3000)]
     assert len(set(draws)) > 2900 and max(abs(d / exact - 1) for d in draws) > 0.1  # random, not exact
     assert sum(draws) / len(draws) == pytest.approx(exact, rel=0.04)
-    shared = SharedInput(x, seed=7)
+    p = projections([5, 6, 5], 40, 4)
+    assert p.shape == (3, 40, 4) and torch.equal(p[0], p[2]) and not torch.equal(p[0], p[1])
+    shared = SharedInput(x, [21, 22, 23])
     shared.readers = 2
     first = linear_sq(shared, go, bias=False, sketch=4)[0]
     assert shared.sketch is not None and shared.gram is None
@@ -130,7 +134,7 @@ def test_split_backward_and_frozen_microbatches_count_what_reached_each_tensor(s
     names = [c.name for c in candidates(stage)]
     meter = NoiseMeter({1: stage}, {1: candidates(stage)}, num_microbatches=2, microbatch_tokens=B * T, every=1,
                        measure="sequence")
-    meter.sequences.stride = stride
+    meter.sequences.stride, meter.sequences.sketch = stride, 0  # exact norms, compared with explicit ones
     current = {"mb": None}
     meter.sequences.microbatch_of[1] = lambda: current["mb"]
     detached = {0: "layers.3.attn.wq.weight", 1: "layers.2.attn.wq.weight"}
@@ -172,12 +176,17 @@ def test_split_backward_and_frozen_microbatches_count_what_reached_each_tensor(s
 
 
 @pytest.mark.parametrize("t", [T, 64])
-def test_the_estimate_does_not_depend_on_how_sequences_form_microbatches(t: int) -> None:
+def test_the_estimate_does_not_depend_on_how_sequences_form_microbatches(t: int, monkeypatch) -> None:
     # One step of 8 sequences as 2 micro-batches of 4 or 4 of 2, with norms from every micro-batch (stride 1): the
     # per-sequence estimates agree to rounding; the micro-batch estimates do not. At t = 64 the linear layers'
-    # norms are sketched (Note [sketched norms]), with the same projections in every micro-batch of the step.
-    # (A replica at --dp 2 runs the same micro-batch indices on half of each one's sequences:
+    # norms are sketched (Note [sketched norms]), each sequence with its own projection whichever micro-batch
+    # holds it. (A replica at --dp 2 runs the same micro-batch indices on half of each one's sequences:
     # tests/tfrun/distributed/test_rank.py.)
+    import tfrun.freeze.noise_perseq as perseq
+
+    drawn: list[int] = []
+    real = perseq.projections
+    monkeypatch.setattr(perseq, "projections", lambda seeds, d, k: drawn.extend(seeds) or real(seeds, d, k))
     stages = _stages(torch.float32)
     x, y = _batch(8, seed=3, t=t)
     out = {}
@@ -200,7 +209,12 @@ def test_the_estimate_does_not_depend_on_how_sequences_form_microbatches(t: int)
                 mod.zero_grad(set_to_none=True)
     for s in (0, 1):
         assert out[("sequence", 2)][s] == pytest.approx(out[("sequence", 4)][s], rel=1e-4)
-        assert out[("microbatch", 2)][s][1] != pytest.approx(out[("microbatch", 4)][s][1], rel=1e-3)
+        differ = 1e-2 if t == T else 1e-3
+        assert out[("microbatch", 2)][s][1] != pytest.approx(out[("microbatch", 4)][s][1], rel=differ)
+    # sketched at t = 64 only: 2 groupings x 17 linear inputs (4 in each of the 4 layers, the head's) x 8
+    # sequences, the same seeds in both groupings
+    assert len(drawn) == (2 * 17 * 8 if t == 64 else 0)
+    assert t == T or sorted(drawn[:136]) == sorted(drawn[136:])
 
 
 def test_a_tied_tensor_is_measured_per_microbatch() -> None:

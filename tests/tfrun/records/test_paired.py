@@ -118,3 +118,7 @@ def test_launches_join_and_the_paired_gap_is_the_median_over_launches_of_their_m
                                                    "step_ms": [[1.0]]}]}))
     with pytest.raises(TfrunError, match="re-times other runs"):
         paired.load_all([a, other])
+    with pytest.raises(TfrunError, match="given twice"):
+        paired.load_all([a, b, a])
+    with pytest.raises(TfrunError, match="different numbers of repeats"):
+        paired.load_all([_launch(tmp_path, "d", [[100.0] * 4] * 2, [[60.0] * 4])])
