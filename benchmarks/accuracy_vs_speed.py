@@ -43,6 +43,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from noise_plot import spearman  # (benchmarks/, this script's folder)
+
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = {4: ROOT / "profiles" / "tiny-cpu-2stages.json", 2: ROOT / "profiles" / "tiny-cpu-2stages-mb2.json"}
 """The shipped measured profile of each micro-batch size (sequences of 128 tokens) the regimes use."""
@@ -169,23 +171,9 @@ def predictions(folders: dict[str, Path], compared: dict, batch_tokens: float) -
     ranked = [(g, gap) for name, g, gap in table if gap is not None]
     if len(ranked) >= 3:
         lines.append(f"rank correlation (Spearman) of predicted goodput with the measured gain at equal time "
-                     f"(-gap): {_spearman([g for g, _ in ranked], [-gap for _, gap in ranked]):+.2f} over "
+                     f"(-gap): {spearman([g for g, _ in ranked], [-gap for _, gap in ranked]):+.2f} over "
                      f"{len(ranked)} runs")
     return "\n".join(lines)
-
-
-def _spearman(a: list[float], b: list[float]) -> float:
-    def ranks(x):
-        order = sorted(range(len(x)), key=lambda i: x[i])
-        out = [0.0] * len(x)
-        for k, i in enumerate(order):
-            out[i] = float(k)
-        return out
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    return cov / (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
 
 
 def noise_trajectory(folder: Path) -> str:

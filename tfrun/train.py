@@ -247,9 +247,9 @@ def _gather_shares(r: Rank, num_stages: int, m: int, index: dict[int, dict[str, 
     """Realised mean frozen share per stage this step, for metrics, and every action's frozen tensors (indices
     into its stage's candidates, `index`: a few bytes where names would be kilobytes), for frozen_sets.jsonl
     (every pipeline rank's; replicas agree): one gather."""
-    sets = {key: sorted(index[key[0]][name] for name in names) for key, names in r.state.frozen.items()}
+    mine = {key: sorted(index[key[0]][name] for name in names) for key, names in r.state.frozen.items()}
     parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, (dict(r.state.shares), sets) if r.dp_rank == 0 else ({}, {}))
+    dist.all_gather_object(parts, (dict(r.state.shares), mine) if r.dp_rank == 0 else ({}, {}))
     per_stage = [0.0] * num_stages
     frozen: dict[tuple[int, int], list[int]] = {}
     for shares, sets in parts:

@@ -31,9 +31,10 @@ class ExactNoise:
     """Note [exact noise scale] accumulated over sequences added in any number of calls, with its own sampling
     error: sequence j (in the order added) falls into bucket j % `buckets`, and the delete-one-bucket jackknife
     over the buckets gives the standard error of B. Where B is many sequences, |G|^2 is the small difference
-    |g|^2 - tr / N and a few hundred sequences leave B uncertain by 10-30% (docs/cost-model.md, "Which noise
-    estimator"): a reference is only as good as this error says, so benchmarks/noise_reference.py adds sequences
-    until it is small. Memory: `buckets` float64 copies of the parameters."""
+    |g|^2 - tr / N and a few hundred sequences leave B uncertain (blocks of 512 sequences gave 6,289-8,630 tokens
+    at one set of weights: docs/cost-model.md, "Which noise estimator" 6): a reference is only as good as this
+    error says, so benchmarks/noise_reference.py adds sequences until it is small. Memory: `buckets` float64
+    copies of the parameters."""
 
     def __init__(self, stages: dict[int, nn.Module], loss_fn, buckets: int = 16) -> None:
         assert buckets >= 2, buckets

@@ -120,9 +120,8 @@ def paired_fields(run_steps: list[dict], run_timing: dict | None, base_axis: lis
     """compare's paired columns for one run: `eval_gap_same_time_paired` (the median over launches of each
     launch's median over its repeats; one launch: the median over repeats), per launch (`..._launches`), its
     `..._spread` (max - min over every repeat) and per repeat, `paired_training_s` and `paired_speedup` (medians
-    over every repeat); None where the
-    run was not re-timed. `base_axis`: the baseline's paired_axis (computed once for all runs); `loss_at`:
-    compare.loss_at."""
+    over every repeat); None where the run was not re-timed. `base_axis`: the baseline's paired_axis (computed
+    once for all runs); `loss_at`: compare.loss_at."""
     none = {"eval_gap_same_time_paired": None, "eval_gap_same_time_paired_spread": None,
             "eval_gap_same_time_paired_repeats": None, "eval_gap_same_time_paired_launches": None,
             "paired_training_s": None, "paired_speedup": None}
