@@ -207,22 +207,30 @@ def apf_report(folder: Path, shares=(0.1, 0.2, 0.3, 0.5, 0.7, 0.9)) -> str:
     return "\n".join(lines)
 
 
-def regret_table(seeds: list[dict]) -> str:
-    """Per method: the paired gap at equal time per seed, and its regret against the best plan cap at that seed
-    (the best fixed plan in hindsight); the raw gap beside it."""
+def regret_table(seeds: dict[int, dict]) -> str:
+    """Per method (matched by its folder name, so a seed may run fewer methods): the paired gap at equal time per
+    seed, its regret against the best plan cap at that seed (the best fixed plan in hindsight), the raw gap beside
+    it, and the mean regret over the seeds that ran both the method and a cap."""
     lines = ["gap at equal time, paired (raw), and regret against the best of " + ", ".join(CAPS) + " per seed:"]
-    for i, row in enumerate(seeds[0]["runs"]):
-        cells = []
-        for compared in seeds:
-            by_name = {Path(r["dir"]).name: r for r in compared["runs"]}
-            mine = compared["runs"][i]
-            best = min((by_name[c]["eval_gap_same_time_paired"] for c in CAPS
-                        if c in by_name and by_name[c].get("eval_gap_same_time_paired") is not None), default=None)
-            gap, raw = mine.get("eval_gap_same_time_paired"), mine["eval_gap_same_time"]
-            regret = "-" if gap is None or best is None else f"{gap - best:+.2%}"
-            cells.append(f"{'-' if gap is None else f'{gap:+.2%}'} ({'-' if raw is None else f'{raw:+.2%}'}) "
-                         f"regret {regret}")
-        lines.append(f"  {Path(row['dir']).name:24s} " + "; ".join(cells))
+    by_seed = {s: {Path(r["dir"]).name: r for r in c["runs"]} for s, c in seeds.items()}
+    best = {s: min((runs[c]["eval_gap_same_time_paired"] for c in CAPS
+                    if c in runs and runs[c].get("eval_gap_same_time_paired") is not None), default=None)
+            for s, runs in by_seed.items()}
+    names = list(dict.fromkeys(n for runs in by_seed.values() for n in runs))
+    for name in names:
+        cells, regrets = [], []
+        for s, runs in by_seed.items():
+            if name not in runs:
+                cells.append(f"seed {s}: not run")
+                continue
+            gap, raw = runs[name].get("eval_gap_same_time_paired"), runs[name]["eval_gap_same_time"]
+            regret = None if gap is None or best[s] is None else gap - best[s]
+            if regret is not None:
+                regrets.append(regret)
+            cells.append(f"seed {s}: {'-' if gap is None else f'{gap:+.2%}'} ({'-' if raw is None else f'{raw:+.2%}'})"
+                         f" regret {'-' if regret is None else f'{regret:+.2%}'}")
+        mean = f"mean regret {statistics.fmean(regrets):+.2%} over {len(regrets)}" if regrets else "mean regret -"
+        lines.append(f"  {name:16s} " + "; ".join(cells) + f"; {mean}")
     return "\n".join(lines)
 
 
@@ -299,19 +307,8 @@ def main() -> None:
             print(text, flush=True)
     if not all((where / f"seed{s}.json").exists() for s in args.seeds.split(",")):
         return
-    seeds = [json.loads((where / f"seed{s}.json").read_text()) for s in args.seeds.split(",")]
+    seeds = {int(s): json.loads((where / f"seed{s}.json").read_text()) for s in args.seeds.split(",")}
     print(regret_table(seeds), flush=True)
-    if len(seeds) > 1:
-        print("across seeds (median [min, max]):")
-        for i, row in enumerate(seeds[0]["runs"]):
-            gaps = [s["runs"][i]["eval_gap_same_time"] for s in seeds]
-            speed = [s["runs"][i]["speedup"] for s in seeds]
-            if None in gaps:
-                continue
-            print(f"  {Path(row['dir']).name:24s} speedup {statistics.median(speed):.3f} [{min(speed):.3f}, "
-                  f"{max(speed):.3f}]  gap at equal time {statistics.median(gaps):+.2%} [{min(gaps):+.2%}, "
-                  f"{max(gaps):+.2%}]")
-
 
 if __name__ == "__main__":
     main()

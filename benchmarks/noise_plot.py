@@ -8,7 +8,10 @@ almost nothing: docs/cost-model.md, "Goodput").
 With --freeze (a run that froze, e.g. the online goodput mode), each panel also draws the run's realised freeze
 ratio per stage (right axis, the mean over each --window steps), and a table gives, per window, the mean ratio
 and the median noise scale per stage, with their rank correlation (Spearman) per stage: issue 38 asks whether the
-online goodput mode freezes less as the measured noise scale rises.
+online goodput mode freezes less as the measured noise scale rises. It also says how often the run re-planned,
+and how often its noise reason could fire on the estimator's own scatter: the share of pairs of measured steps
+`--horizon` steps apart (a re-plan check's spacing) whose estimates differ by more than the re-plan threshold
+(tfrun.freeze.online.NOISE_REPLAN) on some stage, and the median change between consecutive estimates.
 
     python benchmarks/noise_plot.py runs/study/finetune/seed0/none runs/study/scratch/seed0/none -o noise.png
     python benchmarks/noise_plot.py runs/study/crossing/seed0/timely-goodput --freeze -o crossing.png
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -59,6 +63,31 @@ def freeze_windows(folder: Path, width: int) -> list[tuple[int, list[float], lis
     return out
 
 
+def replan_report(folder: Path, horizon: int) -> str:
+    """The run's plan events (all, and those with a noise reason), and per stage how far its noise estimates move
+    on their own: the median |log ratio| of consecutive estimates, and the share of pairs `horizon` steps apart
+    (from step `horizon` on, past the early fall) that differ by more than NOISE_REPLAN."""
+    from tfrun.freeze.online import NOISE_REPLAN
+
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    plans = [r for r in rows if r.get("event") == "plan"]
+    by_noise = sum("noise" in (r.get("reason") or "") for r in plans)
+    noise = {r["step"]: r["noise_scale_tokens"] for r in rows if "event" not in r and r.get("noise_scale_tokens")}
+    lines = [f"  {len(plans)} plans, {by_noise} of them for a noise reason (threshold x{1 + NOISE_REPLAN:.2f})"]
+    for s in range(len(next(iter(noise.values()), []))):
+        series = [(t, v[s]) for t, v in sorted(noise.items()) if t >= horizon and v[s]]
+        steps = dict(series)
+        logs = [abs(math.log(b / a)) for (_, a), (_, b) in zip(series, series[1:])]
+        apart = [abs(steps[t + horizon] / v - 1) > NOISE_REPLAN for t, v in series if t + horizon in steps]
+        if not logs or not apart:
+            lines.append(f"  stage {s}: too few estimates")
+            continue
+        typical = math.exp(statistics.median(logs))
+        lines.append(f"  stage {s}: {len(series)} estimates; consecutive ones differ by x{typical:.2f} (median); "
+                     f"{sum(apart)}/{len(apart)} pairs {horizon} steps apart differ by more than the threshold")
+    return "\n".join(lines)
+
+
 def spearman(a: list[float], b: list[float]) -> float:
     """Rank correlation, tied values sharing their mean rank; NaN where either side is constant."""
     def ranks(x):
@@ -89,6 +118,7 @@ def main() -> None:
     ap.add_argument("-o", "--out", type=Path, required=True)
     ap.add_argument("--freeze", action="store_true", help="also the realised freeze ratio per stage, and the table")
     ap.add_argument("--window", type=int, default=25, help="steps per window of the freeze ratio (--freeze)")
+    ap.add_argument("--horizon", type=int, default=20, help="steps between re-plan checks (--freeze; tfrun's default)")
     args = ap.parse_args()
     import matplotlib
 
@@ -127,6 +157,7 @@ def main() -> None:
                 pairs = [(w[1][s], w[2][s]) for w in windows if w[2][s] is not None]
                 print(f"  stage {s}: Spearman(freeze ratio, noise scale) = "
                       f"{spearman([p[0] for p in pairs], [p[1] for p in pairs]):+.2f} over {len(pairs)} windows")
+            print(replan_report(folder, args.horizon))
         print(f"{folder}: " + "; ".join(f"step {st}: " + ", ".join(f"{x:,.0f}" for x in row)
                                         for st, row in list(zip(steps, scales))[:: max(1, len(steps) // 6)]))
     fig.tight_layout()
