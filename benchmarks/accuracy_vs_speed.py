@@ -141,7 +141,8 @@ def noise_profile(folder: Path, plan: Path, seed: int, start: list[str], regime:
 
 def predictions(folders: dict[str, Path], compared: dict, batch_tokens: float) -> str:
     """The learning model's goodput for every run (efficiency from its realised per-stage ratios at the unfrozen
-    run's median noise scale, times its measured speedup) against its measured gap at equal time."""
+    run's median noise scale, times its measured speedup) against its measured gap at equal time: the paired
+    speedup and gap where the runs were re-timed (the raw ones carry the machine's drift between runs), else raw."""
     from tfplan.cost.goodput import NoiseModel, progress
 
     none = json.loads((folders["none"] / "summary.json").read_text())
@@ -155,19 +156,23 @@ def predictions(folders: dict[str, Path], compared: dict, batch_tokens: float) -
              "run's is the machine's drift between runs, less 1-3% for frozen micro-batches: docs/benchmarks.md)",
              f"{'run':24s} {'ratios':>11s} {'forward ms':>12s} {'efficiency':>10s} {'speedup':>8s} {'goodput':>8s} "
              f"{'gap at equal time':>18s}  agree"]
+    paired = any(r.get("paired_speedup") is not None for r in compared["runs"])
+    lines.insert(2, "speedup and gap: " + ("paired (tfrun retime), - where a repeat of the run ended past the "
+                                           "baseline's last evaluation" if paired else "raw (wall time)"))
     table = []
     for row in compared["runs"]:
         name = Path(row["dir"]).name
         ratios = row["freeze_ratio_per_stage"] or [0.0] * len(noise.grad_sq_share)
         eff = progress(ratios, batch_tokens, noise) / base
-        good = eff * row["speedup"]
-        gap = row["eval_gap_same_time"]
+        speedup = row["paired_speedup"] if paired else row["speedup"]
+        gap = row["eval_gap_same_time_paired"] if paired else row["eval_gap_same_time"]
+        good = eff * (speedup or 0.0)
         agree = "-" if gap is None or name == "none" else ("yes" if (good > 1) == (gap < 0) else "no")
         table.append((name, good, gap))
         kinds = json.loads((Path(row["dir"]) / "timings.json").read_text())["by_stage_kind_ms"]
         forward = " ".join(f"{v:.1f}" for k, v in sorted(kinds.items()) if k.endswith("F"))
         lines.append(f"{name:24s} {' '.join(f'{r:.2f}' for r in ratios):>11s} {forward:>12s} {eff:10.3f} "
-                     f"{row['speedup']:8.3f} {good:8.3f} {'-' if gap is None else f'{gap:+.2%}':>18s}  {agree}")
+                     f"{speedup or 0.0:8.3f} {good:8.3f} {'-' if gap is None else f'{gap:+.2%}':>18s}  {agree}")
     ranked = [(g, gap) for name, g, gap in table if gap is not None]
     if len(ranked) >= 3:
         lines.append(f"rank correlation (Spearman) of predicted goodput with the measured gain at equal time "
