@@ -136,7 +136,7 @@ def main() -> None:
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel("noise scale (tokens)")
-        ax.set_title(str(folder.parent.parent.name + "/" + folder.parent.name), fontsize=10)
+        ax.set_title(f"{folder.parent.parent.name}/{folder.parent.name}/{folder.name}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
         if args.freeze:
