@@ -155,8 +155,10 @@ def main() -> None:
                       + " ".join("-" if n is None else f"{n:,.0f}" for n in noise))
             for s in range(len(windows[0][1])):
                 pairs = [(w[1][s], w[2][s]) for w in windows if w[2][s] is not None]
+                rho = spearman([p[0] for p in pairs], [p[1] for p in pairs])
                 print(f"  stage {s}: Spearman(freeze ratio, noise scale) = "
-                      f"{spearman([p[0] for p in pairs], [p[1] for p in pairs]):+.2f} over {len(pairs)} windows")
+                      + ("- (the ratio never changes)" if math.isnan(rho) else f"{rho:+.2f}")
+                      + f" over {len(pairs)} windows")
             print(replan_report(folder, args.horizon))
         print(f"{folder}: " + "; ".join(f"step {st}: " + ", ".join(f"{x:,.0f}" for x in row)
                                         for st, row in list(zip(steps, scales))[:: max(1, len(steps) // 6)]))
