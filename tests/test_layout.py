@@ -23,7 +23,8 @@ DOCS = ("README.md", "docs/*.md")
 MAX_LINES = 400
 
 # A repository path: one of the top-level folders, then a path (a glob where it has a *).
-PATH_RE = re.compile(r"(?<![\w./-])((?:tfplan|tfrun|tests|benchmarks|docs|profiles|examples|\.ci)/[\w./*-]*)")
+PATH_RE = re.compile(r"(?<![\w./-])((?:tfplan|tfrun|tests|benchmarks|docs|profiles|examples|\.ci)/(?:[\w./*-]|\{[\w.,-]*\})*)")
+# (a path may name a set of files as the shell does: docs/results/run-seed{0,1}.{png,txt})
 # A Note is defined in the packages' code at the start of a line (after a comment's # or a docstring's quotes),
 # its name followed by a colon or the end of the line; anything else that names it refers to it, also the
 # plural form ("Notes" and several bracketed names).
@@ -48,14 +49,27 @@ def test_import_linter_contracts_hold() -> None:
     assert "4 kept, 0 broken" in proc.stdout
 
 
+def _expand_braces(path: str) -> list[str]:
+    """The paths a shell's brace expansion gives, e.g. "a{0,1}.{png,txt}" -> four paths.
+
+    >>> _expand_braces("r/s{0,1}.{png,txt}")
+    ['r/s0.png', 'r/s0.txt', 'r/s1.png', 'r/s1.txt']
+    """
+    m = re.search(r"\{([^{}]*)\}", path)
+    if m is None:
+        return [path]
+    return [out for part in m.group(1).split(",")
+            for out in _expand_braces(path[: m.start()] + part + path[m.end():])]
+
+
 def test_every_path_the_docs_name_exists() -> None:
     missing = []
     for f in _files(DOCS):
         for m in PATH_RE.finditer(f.read_text()):
-            path = m.group(1).rstrip(".,:;")
-            found = list(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()
-            if not found:
-                missing.append(f"{f.relative_to(ROOT)}: {path}")
+            for path in _expand_braces(m.group(1).rstrip(".,:;")):
+                found = list(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()
+                if not found:
+                    missing.append(f"{f.relative_to(ROOT)}: {path}")
     assert not missing, "\n".join(missing)
 
 
