@@ -166,14 +166,15 @@ def predictions(folders: dict[str, Path], compared: dict, batch_tokens: float) -
         eff = progress(ratios, batch_tokens, noise) / base
         speedup = row["paired_speedup"] if paired else row["speedup"]
         gap = row["eval_gap_same_time_paired"] if paired else row["eval_gap_same_time"]
-        good = eff * (speedup or 0.0)
-        agree = "-" if gap is None or name == "none" else ("yes" if (good > 1) == (gap < 0) else "no")
+        good = None if speedup is None else eff * speedup  # (a run the re-timing left out has no speedup)
+        agree = "-" if gap is None or good is None or name == "none" else ("yes" if (good > 1) == (gap < 0) else "no")
         table.append((name, good, gap))
         kinds = json.loads((Path(row["dir"]) / "timings.json").read_text())["by_stage_kind_ms"]
         forward = " ".join(f"{v:.1f}" for k, v in sorted(kinds.items()) if k.endswith("F"))
         lines.append(f"{name:24s} {' '.join(f'{r:.2f}' for r in ratios):>11s} {forward:>12s} {eff:10.3f} "
-                     f"{speedup or 0.0:8.3f} {good:8.3f} {'-' if gap is None else f'{gap:+.2%}':>18s}  {agree}")
-    ranked = [(g, gap) for name, g, gap in table if gap is not None]
+                     f"{'-' if speedup is None else f'{speedup:.3f}':>8s} {'-' if good is None else f'{good:.3f}':>8s} "
+                     f"{'-' if gap is None else f'{gap:+.2%}':>18s}  {agree}")
+    ranked = [(g, gap) for name, g, gap in table if gap is not None and g is not None]
     if len(ranked) >= 3:
         lines.append(f"rank correlation (Spearman) of predicted goodput with the measured gain at equal time "
                      f"(-gap): {spearman([g for g, _ in ranked], [-gap for _, gap in ranked]):+.2f} over "

@@ -26,11 +26,15 @@ import statistics
 from pathlib import Path
 
 
-def trajectory(folder: Path) -> tuple[list[int], list[list[float]], int]:
-    """(steps, noise scale per stage per measured step in tokens, tokens per step) of one run folder."""
+def metrics(folder: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl (steps and events), in order."""
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def trajectory(folder: Path, rows: list[dict]) -> tuple[list[int], list[list[float | None]], int]:
+    """(steps, noise scale per stage per measured step in tokens, tokens per step) of one run's `rows`."""
     steps, scales, tokens = [], [], 0
-    for line in (folder / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    for row in rows:
         tokens = row.get("tokens", tokens)
         if "noise_scale_tokens" in row:
             steps.append(row["step"])
@@ -40,10 +44,9 @@ def trajectory(folder: Path) -> tuple[list[int], list[list[float]], int]:
     return steps, scales, tokens
 
 
-def freeze_windows(folder: Path, width: int) -> list[tuple[int, list[float], list[float | None]]]:
+def freeze_windows(folder: Path, rows: list[dict], width: int) -> list[tuple[int, list[float], list[float | None]]]:
     """Per window of `width` steps: (first step, mean realised freeze ratio per stage, median noise scale per stage
     over the window's measured steps, None where none)."""
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "event" not in r and "freeze_ratio" in r]
     if not rows:
         raise SystemExit(f"{folder}: no step recorded its freeze ratio")
@@ -63,18 +66,18 @@ def freeze_windows(folder: Path, width: int) -> list[tuple[int, list[float], lis
     return out
 
 
-def replan_report(folder: Path, horizon: int) -> str:
-    """The run's plan events (all, and those with a noise reason), and per stage how far its noise estimates move
-    on their own: the median |log ratio| of consecutive estimates, and the share of pairs `horizon` steps apart
-    (from step `horizon` on, past the early fall) that differ by more than NOISE_REPLAN."""
+def replan_report(rows: list[dict], steps: list[int], scales: list[list[float | None]], horizon: int) -> str:
+    """The run's plan events (all, and those with a noise reason), and per stage how far its noise estimates
+    (`steps`, `scales`: trajectory's) move on their own: the median |log ratio| of consecutive estimates, and the
+    share of pairs `horizon` steps apart (from step `horizon` on, past the early fall) that differ by more than
+    NOISE_REPLAN."""
     from tfrun.freeze.online import NOISE_REPLAN
 
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     plans = [r for r in rows if r.get("event") == "plan"]
     by_noise = sum("noise" in (r.get("reason") or "") for r in plans)
-    noise = {r["step"]: r["noise_scale_tokens"] for r in rows if "event" not in r and r.get("noise_scale_tokens")}
+    noise = dict(zip(steps, scales))
     lines = [f"  {len(plans)} plans, {by_noise} of them for a noise reason (threshold x{1 + NOISE_REPLAN:.2f})"]
-    for s in range(len(next(iter(noise.values()), []))):
+    for s in range(len(scales[0])):
         series = [(t, v[s]) for t, v in sorted(noise.items()) if t >= horizon and v[s]]
         steps = dict(series)
         logs = [abs(math.log(b / a)) for (_, a), (_, b) in zip(series, series[1:])]
@@ -129,7 +132,8 @@ def main() -> None:
     rows = -(-len(args.folders) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.8 * rows), squeeze=False)
     for ax, folder in zip(axes.flat, args.folders):
-        steps, scales, tokens = trajectory(folder)
+        rows = metrics(folder)
+        steps, scales, tokens = trajectory(folder, rows)
         for s, style in zip(range(len(scales[0])), ("-", "--", ":", "-.")):
             ax.plot(steps, [row[s] for row in scales], style, label=f"stage {s}")
         ax.axhline(tokens, color="black", lw=0.8, label=f"step batch ({tokens:,} tokens)")
@@ -140,7 +144,7 @@ def main() -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
         if args.freeze:
-            windows = freeze_windows(folder, args.window)
+            windows = freeze_windows(folder, rows, args.window)
             right = ax.twinx()
             for s, style in zip(range(len(windows[0][1])), ("-", "--", ":", "-.")):
                 right.step([w[0] for w in windows], [w[1][s] for w in windows], style, where="post", color="tab:red",
@@ -159,7 +163,7 @@ def main() -> None:
                 print(f"  stage {s}: Spearman(freeze ratio, noise scale) = "
                       + ("- (the ratio never changes)" if math.isnan(rho) else f"{rho:+.2f}")
                       + f" over {len(pairs)} windows")
-            print(replan_report(folder, args.horizon))
+            print(replan_report(rows, steps, scales, args.horizon))
         print(f"{folder}: " + "; ".join(f"step {st}: " + ", ".join(f"{x:,.0f}" for x in row)
                                         for st, row in list(zip(steps, scales))[:: max(1, len(steps) // 6)]))
     fig.tight_layout()

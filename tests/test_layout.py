@@ -23,7 +23,8 @@ DOCS = ("README.md", "docs/*.md")
 MAX_LINES = 400
 
 # A repository path: one of the top-level folders, then a path (a glob where it has a *).
-PATH_RE = re.compile(r"(?<![\w./-])((?:tfplan|tfrun|tests|benchmarks|docs|profiles|examples|\.ci)/(?:[\w./*-]|\{[\w.,-]*\})*)")
+PATH_RE = re.compile(r"(?<![\w./-])((?:tfplan|tfrun|tests|benchmarks|docs|profiles|examples|\.ci)/"
+                     r"(?:[\w./*-]|\{[\w.,-]*\})*)")
 # (a path may name a set of files as the shell does: docs/results/run-seed{0,1}.{png,txt})
 # A Note is defined in the packages' code at the start of a line (after a comment's # or a docstring's quotes),
 # its name followed by a colon or the end of the line; anything else that names it refers to it, also the
@@ -50,16 +51,20 @@ def test_import_linter_contracts_hold() -> None:
 
 
 def _expand_braces(path: str) -> list[str]:
-    """The paths a shell's brace expansion gives, e.g. "a{0,1}.{png,txt}" -> four paths.
-
-    >>> _expand_braces("r/s{0,1}.{png,txt}")
-    ['r/s0.png', 'r/s0.txt', 'r/s1.png', 'r/s1.txt']
-    """
+    """The paths a shell's brace expansion gives, e.g. "a{0,1}.{png,txt}" -> four paths."""
     m = re.search(r"\{([^{}]*)\}", path)
     if m is None:
         return [path]
     return [out for part in m.group(1).split(",")
             for out in _expand_braces(path[: m.start()] + part + path[m.end():])]
+
+
+def test_a_brace_set_in_a_docs_path_expands_as_the_shell_does() -> None:
+    text = "see docs/results/s{0,1}-{a,b}.png, and docs/results.md."
+    assert [m.group(1).rstrip(".,:;") for m in PATH_RE.finditer(text)] == ["docs/results/s{0,1}-{a,b}.png",
+                                                                           "docs/results.md"]
+    assert _expand_braces("r/s{0,1}-{a,b}.png") == ["r/s0-a.png", "r/s0-b.png", "r/s1-a.png", "r/s1-b.png"]
+    assert _expand_braces("r/s.png") == ["r/s.png"]
 
 
 def test_every_path_the_docs_name_exists() -> None:
