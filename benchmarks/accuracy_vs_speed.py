@@ -17,7 +17,9 @@ Methods (--methods): none; plan-C (the TimelyFreeze makespan plan at cap C from 
 uniform-0.9 (the cap-0.9 plan's mean ratio everywhere); apf; autofreeze; the hybrids; goodput (tfplan solve
 --objective goodput at cap 0.9 on the shipped profile with the noise scale measured, as a user would, by a
 20-step unfrozen run from the regime's starting weights: OUT/<regime>/seedS/noise-probe); timely-goodput (the
-online mode re-planning for goodput as the noise scale drifts, cap 0.9); timely-0.9 (the online makespan mode).
+online mode re-planning for goodput as the noise scale drifts, cap 0.9); timely-0.9 (the online makespan mode);
+timely-goodput-z2 (the online goodput mode whose noise re-plans need a move beyond two standard errors,
+--noise-replan-z 2).
 
 Equal time is measured twice: raw (each run's own wall time, which carries the machine's drift between runs) and
 paired (`tfrun retime` over all of a seed's runs at once, then `tfrun compare --paired`: tfrun.retime Note
@@ -72,6 +74,9 @@ METHODS = {  # name -> (freeze mode, cap, extra options); goodput: a plan solved
     "goodput": ("plan", 0.9, []),
     "timely-goodput": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9"]),
     "timely-0.9": ("timely", 0.9, ["--max-freeze-ratio", "0.9"]),
+    # the online goodput mode whose noise re-plans need a move beyond 2 standard errors (Note [noise gate])
+    "timely-goodput-z2": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
+                                          "--noise-replan-z", "2"]),
 }
 CAPS = ("plan-0.3", "plan-0.6", "plan-0.9")  # the fixed plans the regret is taken against
 DEFAULT_METHODS = "none,plan-0.3,plan-0.6,plan-0.9,uniform-0.9,apf,autofreeze,goodput"

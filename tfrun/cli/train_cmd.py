@@ -211,6 +211,10 @@ def train_cmd(
     replan_window: Annotated[
         int, typer.Option("--replan-window", help="timely: steps per drift check.")
     ] = 20,
+    noise_replan_z: Annotated[
+        float, typer.Option("--noise-replan-z", help="timely, goodput: re-plan on a noise-scale move only beyond "
+                                                    "this many standard errors of the estimates (0: off).")
+    ] = 0.0,
     objective: Annotated[
         str, typer.Option("--objective", help="timely: makespan (the fastest plan within the caps) or goodput (the "
                                               "most predicted learning per second, from the noise scale measured "
@@ -257,7 +261,7 @@ def train_cmd(
             max_stale_steps=max_stale_steps, schedule=schedule, ranks=ranks, microbatches=microbatches,
             stages_per_rank=stages_per_rank, max_freeze_ratio=_caps(max_freeze_ratio), warmup_steps=warmup_steps,
             monitor_steps=monitor_steps, probe_steps=probe_steps, replan_threshold=replan_threshold,
-            replan_window=replan_window, apf_threshold=apf_threshold, apf_ema=apf_ema,
+            replan_window=replan_window, noise_replan_z=noise_replan_z, apf_threshold=apf_threshold, apf_ema=apf_ema,
             apf_check_every=apf_check_every, apf_stable_share=apf_stable_share,
             autofreeze_percentile=autofreeze_percentile, autofreeze_check_every=autofreeze_check_every,
             init_from=init_from, dp=dp,

@@ -177,6 +177,10 @@ class TrainConfig:
     """timely: re-plan when a (stage, kind)'s median measured / planned time is off by more (Note [drift])."""
     replan_window: int = 20
     """timely: steps per drift check in the stable phase."""
+    noise_replan_z: float = 0.0
+    """timely --objective goodput: a stage's noise scale calls for a new plan only when its log moved by more
+    than this many standard errors of the plan's and the current estimate (jackknife over the window;
+    tfrun.freeze.noise_estimators Note [noise gate]); 0 = the relative rule alone (online.NOISE_REPLAN)."""
     objective: str = "makespan"
     """timely: what the in-run solve optimises: makespan (the fastest plan within the caps) or goodput (the
     most predicted learning per second, from the noise scale measured in the monitor phase)."""
@@ -326,6 +330,10 @@ class TrainConfig:
             if self.replan_window < 2 or not 0 < self.replan_threshold:
                 raise TfrunError(f"--replan-window must be >= 2 and --replan-threshold > 0, got "
                                  f"{self.replan_window} and {self.replan_threshold:g}")
+            if self.noise_replan_z < 0 or (self.noise_replan_z > 0 and self.noise_estimator == "ema"):
+                raise TfrunError(f"--noise-replan-z must be >= 0, and needs --noise-estimator median or winsor (a "
+                                 f"window to measure the spread over), got {self.noise_replan_z:g} with "
+                                 f"{self.noise_estimator}")
             if len(self.max_freeze_ratio) not in (1, self.num_stages) or not all(
                     0 <= c <= 1 for c in self.max_freeze_ratio):
                 raise TfrunError(f"--max-freeze-ratio: one cap or one per stage ({self.num_stages}), each in [0, 1]")

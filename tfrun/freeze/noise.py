@@ -192,6 +192,16 @@ class NoiseMeter:
         dist.all_gather_object(parts, (self.stage_estimates(), self.skipped))
         return {s: v for part, _ in parts for s, v in part.items()}, sorted({s for _, part in parts for s in part})
 
+    def gathered_log_spread(self) -> dict[int, float]:
+        """Stage -> the jackknife standard error of its log noise scale (TensorNoise.log_spread; Note [noise
+        gate]), for every stage that has one, on every rank: one gather over the default group."""
+        local = {s: v for s, t in self.smoothed.items() if (v := t.log_spread()) is not None}
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return local
+        parts: list = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, local)
+        return {s: v for part in parts for s, v in part.items()}
+
     def close(self) -> None:
         if self.sequences is not None:
             self.sequences.close()

@@ -16,9 +16,23 @@ A |G|^2-weighted mean of per-tensor noise scales tr_i / |G_i|^2 is the ratio of 
 separate candidate. The default is chosen by measurement (docs/cost-model.md, "Which noise estimator"):
 tfrun.config.train_config.DEFAULT_NOISE_ESTIMATOR. Every estimator keeps per-tensor values, which the goodput
 freeze policy reads (tfrun.freeze.candidates.goodput_priority) and noise_tensors.json reports.
+
+Note [noise gate]: the online goodput mode re-plans when a stage's noise scale has moved since its plan
+(tfrun.freeze.online Note [online goodput]). A window of 8 measured steps scatters by tens of percent from one
+window to the next even where the true value is steady (docs/results.md, third edition: 8-11 of a fine-tuning
+run's 10-15 re-plans moved the plan back and forth), so under `--noise-replan-z Z` a move counts only beyond Z
+standard errors of the two estimates. The standard error is the jackknife's over the window's steps: with
+theta_k the log noise scale from the window without step k (n steps), se = sqrt((n - 1) / n sum (theta_k -
+mean theta)^2); on the log scale because the noise scale is a ratio and its moves are relative. The jackknife of
+a median is known to be inconsistent (too few distinct leave-one-out values); for the winsorised mean, the
+default, it is the usual one. Consecutive drift checks' windows overlap when the window spans more steps than
+--replan-window, which makes their difference's true spread smaller than the independent sum assumed: the gate
+errs towards not re-planning.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -29,6 +43,8 @@ NOISE_EMA = 0.9
 """Factor of the `ema` estimator's moving averages over measured steps."""
 MAD_CLIP = 3.0 * 1.4826
 """winsor: values beyond this many scaled median absolute deviations from the window's median are clipped."""
+MIN_JACKKNIFE = 3
+"""Measured steps in the window below which a stage's spread is not estimated (Note [noise gate])."""
 
 
 class TensorNoise:
@@ -65,13 +81,40 @@ class TensorNoise:
         if self.estimator == "ema":
             weight = (1 - NOISE_EMA ** self.counts).clamp_min(1e-300)
             smoothed = self.ema / weight
-        elif self.estimator == "median":
-            smoothed = self.history.nanquantile(0.5, dim=0)  # (the mean of the middle two of an even count)
         else:
-            smoothed = _winsorized_mean(self.history)
+            smoothed = self._smooth(self.history)
         have &= torch.isfinite(smoothed).all(dim=0)
         smoothed = torch.where(have, smoothed, torch.zeros_like(smoothed))
         return smoothed[0], smoothed[1], have
+
+    def _smooth(self, history: torch.Tensor) -> torch.Tensor:
+        """median, winsor: (window, 2, n) -> (2, n), NaN where a column has no value."""
+        if self.estimator == "median":
+            return history.nanquantile(0.5, dim=0)  # (the mean of the middle two of an even count)
+        return _winsorized_mean(history)
+
+    def log_spread(self) -> float | None:
+        """The jackknife standard error of ln(tr(Sigma) / |G|^2), the stage's noise scale, over the window's
+        measured steps (Note [noise gate]): each step left out in turn, the stage estimate recomputed from the
+        rest. None for `ema` (no window) or fewer than MIN_JACKKNIFE steps in the window; inf when some
+        leave-one-out estimate is not positive (the stage's noise scale is not resolved)."""
+        if self.estimator == "ema":
+            return None
+        rows = [k for k in range(self.window) if bool(torch.isfinite(self.history[k]).any())]
+        if len(rows) < MIN_JACKKNIFE:
+            return None
+        logs = []
+        for k in rows:
+            held = self.history.clone()
+            held[k] = float("nan")
+            smoothed = self._smooth(held)
+            have = torch.isfinite(smoothed).all(dim=0)
+            gsq, trace = (float(v[have].sum()) for v in smoothed)
+            if not (gsq > 0 and trace > 0):
+                return math.inf
+            logs.append(math.log(trace / gsq))
+        mean = sum(logs) / len(logs)
+        return math.sqrt((len(logs) - 1) / len(logs) * sum((x - mean) ** 2 for x in logs))
 
     def stage(self) -> tuple[float, float] | None:
         """The stage's (|G|^2, tr(Sigma)): sums over its tensors that have an estimate; None when none has."""

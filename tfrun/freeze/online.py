@@ -17,7 +17,10 @@ Note [online goodput]: under `--objective goodput` every monitor step also measu
 noise scale (tfrun.freeze.noise), the first plan maximises predicted goodput (tfplan.solve.fastlp.goodput) on the
 profile of the monitor and probe steps with that noise section, and each drift check also compares the stages' noise
 scales with the plan's: one off by more than NOISE_REPLAN (relative; the noise scale grows as the loss falls)
-is a reason to solve again with the current estimates, like a drifted action time.
+is a reason to solve again with the current estimates, like a drifted action time. Under --noise-replan-z Z the
+move must also exceed Z standard errors of the two estimates (tfrun.freeze.noise_estimators Note [noise gate]):
+the estimate's own scatter is not a reason to re-plan. A seeded run (--plan) has no noise section until its
+first re-plan, which a drifted action time triggers; that re-plan's noise is the first the run plans with.
 
 Note [probe]: the reference freezes everything for about 110 steps to measure the lower bound, while little
 is learned. We freeze a block of max(1, M / 4) whole micro-batches per probe step, moving each step, so a few
@@ -31,6 +34,7 @@ and the run's summary (tfrun.records.summarize.summarize) reports each plan agai
 from __future__ import annotations
 
 import datetime as dt
+import math
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -108,6 +112,8 @@ class OnlinePlanner:
         """The rank's noise meter (tfrun.freeze.noise), read under --objective goodput (Note [online goodput])."""
         self.noise_model: NoiseModel | None = None
         """The noise section the plan in force was solved with (goodput), else None."""
+        self.noise_spread: dict[int, float] = {}
+        """Stage -> the standard error of the log of noise_model's noise scale (under --noise-replan-z)."""
         # Note [solve timeout]: rank 0 solves while the others wait in a broadcast. The default group's
         # collective timeout is short (a dead rank must be noticed quickly), so the plan travels in a group of
         # its own whose timeout outlasts the solve's time limit.
@@ -157,6 +163,7 @@ class OnlinePlanner:
         all_records = gather_records(records)
         all_spans = gather_records([s for s in spans if s.step < monitor[1]])
         noise = self._noise_model()
+        spread = self._noise_spread()
         plan = solve_s = None
         if dist.get_rank() == 0:
             in_probe = {(s, m) for s in range(*probe) for m in self.freezer.probe_microbatches(s)}
@@ -171,7 +178,7 @@ class OnlinePlanner:
                 share_of=share_of, replay_records=[r for r in all_records if r.step < monitor[1]])
             plan, solve_s = self._solve(replace(prof, noise=noise))
         plan, solve_s = _broadcast((plan, solve_s), self.group)
-        self.noise_model = noise
+        self.noise_model, self.noise_spread = noise, spread
         events = [{"event": "probe", "step": step, "probe_steps": probe[1] - probe[0], "time": time.time(),
                    "microbatches_per_step": self.freezer.probe[1]}]
         self._apply(plan, step + 1, self.config.ramp_steps, "first plan", events, solve_s)
@@ -203,6 +210,13 @@ class OnlinePlanner:
                           microbatch_tokens=self.config.microbatch_size * self.config.seq_len, source="measured",
                           note="tfrun --freeze timely --objective goodput, the monitor phase")
 
+    def _noise_spread(self) -> dict[int, float]:
+        """Under --noise-replan-z, the stages' jackknife standard errors of their log noise scales (every rank
+        takes part: a gather), else {}."""
+        if self.config.objective != "goodput" or self.noise is None or not self.config.noise_replan_z:
+            return {}
+        return self.noise.gathered_log_spread()
+
     def _apply(self, plan_json: dict, step: int, ramp: int, reason: str, events: list[dict],
                solve_s: float | None = None) -> None:
         """Put the plan `plan_json` in force from `step` on every rank; rank 0 writes it."""
@@ -224,27 +238,31 @@ class OnlinePlanner:
         events.append({"event": "plan", "step": step, "reason": reason, "time": time.time(),
                        "old_predicted_ms": old, "new_predicted_ms": predicted, "solve_s": solve_s,
                        "mean_freeze_ratio": plan.mean_ratio_per_stage()})
+        if self.noise_spread:  # (--noise-replan-z) the spreads it was solved with; null: not resolved
+            events[-1]["noise_log_se"] = [None if not math.isfinite(v := self.noise_spread.get(s, math.inf)) else v
+                                          for s in range(self.config.num_stages)]
 
     # -- drift ----------------------------------------------------------------------------------------------
 
     def _check_drift(self, step: int) -> list[dict]:
         measured = self.drift.measure(step, self.timer, self.plan)
         noise = self._noise_model(required=self.noise_model is None)  # goodput: the current estimates
+        spread = self._noise_spread()
         decision = None
         if measured is not None:
             drifted = self.drift.drifted(measured)
-            moved = _noise_moved(self.noise_model, noise)
+            moved = _noise_moved(self.noise_model, noise, self.noise_spread, spread, self.config.noise_replan_z)
             if drifted or moved:
                 prof = drift.scaled_profile(self.plan, drifted)
                 plan, solve_s = self._solve(replace(prof, noise=noise))
                 reasons = ([drift.describe(drifted)] if drifted else []) + ([moved] if moved else [])
-                decision = (plan, solve_s, "; ".join(reasons), noise)
+                decision = (plan, solve_s, "; ".join(reasons), noise, spread)
         decision = _broadcast(decision, self.group)
         if decision is None:
             return []
-        plan, solve_s, reason, noise = decision
+        plan, solve_s, reason, noise, spread = decision
         if noise is not None:
-            self.noise_model = noise
+            self.noise_model, self.noise_spread = noise, spread
         events: list[dict] = []
         self._apply(plan, step + 1, 0, reason, events, solve_s)
         return events
@@ -256,8 +274,13 @@ class OnlinePlanner:
         parts = [f"{n} {lo}-{hi - 1}" if hi is not None else f"{n} from {lo}" for n, lo, hi in self.bounds]
         c = self.config
         seed = f", seeded by {c.plan_path}" if c.plan_path else ""
+        noise = ""
+        if c.objective == "goodput":
+            gate = f" and by more than {c.noise_replan_z:g} standard errors" if c.noise_replan_z else ""
+            noise = f" or a stage's noise scale moves by more than {NOISE_REPLAN:.0%}{gate}"
         return (f"online TimelyFreeze{seed}: {', '.join(parts)}; caps {c.max_freeze_ratio}; re-plan when an "
-                f"action kind drifts by more than {c.replan_threshold:.0%} (checked every {c.replan_window} steps)")
+                f"action kind drifts by more than {c.replan_threshold:.0%}{noise} (checked every "
+                f"{c.replan_window} steps)")
 
     def record(self) -> summarize.OnlineRecord:
         """What the run's summary needs of the online mode (tfrun.records.summarize.summarize)."""
@@ -282,7 +305,8 @@ class OnlinePlanner:
             measuring = tuple([(r.step, r.action, r.rank, r.start_ms, r.end_ms) for r in rows]
                               for rows in self.timer.window(self.start("monitor"), probe_end))
         return {"plan": self.plan_json, "plans": [p.to_dict() for p in self.plans], "solve_s": self.solve_s,
-                "measuring": measuring, "noise": self.noise_model.to_dict() if self.noise_model else None}
+                "measuring": measuring, "noise": self.noise_model.to_dict() if self.noise_model else None,
+                "noise_spread": self.noise_spread}
 
     def load_state_dict(self, state: dict) -> None:
         self.plan_json = state["plan"]
@@ -291,16 +315,31 @@ class OnlinePlanner:
         self.solve_s = list(state["solve_s"])
         noise = state.get("noise")
         self.noise_model = None if noise is None else goodput.from_dict(noise, len(noise["noise_scale_tokens"]), None)
+        # (a checkpoint from before --noise-replan-z has none)
+        self.noise_spread = {int(s): float(v) for s, v in state.get("noise_spread", {}).items()}
         self.timer.restore(*([ActionTime(*row) for row in rows] for rows in state["measuring"]))
 
 
-def _noise_moved(planned: NoiseModel | None, now: NoiseModel | None) -> str | None:
-    """Why the noise scales call for a new plan (Note [online goodput]), or None."""
+def _noise_moved(planned: NoiseModel | None, now: NoiseModel | None, planned_spread: dict[int, float],
+                 now_spread: dict[int, float], z: float) -> str | None:
+    """Why the noise scales call for a new plan (Note [online goodput]), or None. With z > 0 a stage's move
+    counts only beyond z standard errors of its two log estimates (`*_spread`, stage -> standard error; a
+    stage missing from either has no resolved spread and does not count: Note [noise gate])."""
     if planned is None or now is None:
         return None
-    moved = [(s, b / a) for s, (a, b) in enumerate(zip(planned.noise_scale_tokens, now.noise_scale_tokens))
-             if a > 0 and abs(b / a - 1.0) > NOISE_REPLAN]
-    return "noise: " + ", ".join(f"stage {s} x{r:.2f}" for s, r in moved) if moved else None
+    moved = []
+    for s, (a, b) in enumerate(zip(planned.noise_scale_tokens, now.noise_scale_tokens)):
+        if not (a > 0 and b > 0 and abs(b / a - 1.0) > NOISE_REPLAN):
+            continue
+        if z > 0:
+            se = math.hypot(planned_spread.get(s, math.inf), now_spread.get(s, math.inf))
+            if not abs(math.log(b / a)) > z * se:
+                continue
+            moved.append(f"stage {s} x{b / a:.2f} ({abs(math.log(b / a)) / se:.1f} SE)" if se > 0
+                         else f"stage {s} x{b / a:.2f}")
+        else:
+            moved.append(f"stage {s} x{b / a:.2f}")
+    return "noise: " + ", ".join(moved) if moved else None
 
 
 def _broadcast(obj, group):

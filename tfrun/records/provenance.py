@@ -50,6 +50,7 @@ IDENTITY: tuple[tuple[str, str], ...] = (
     ("max_freeze_ratio", "--max-freeze-ratio"), ("warmup_steps", "--warmup-steps"),
     ("monitor_steps", "--monitor-steps"), ("probe_steps", "--probe-steps"),
     ("replan_threshold", "--replan-threshold"), ("replan_window", "--replan-window"),
+    ("noise_replan_z", "--noise-replan-z"),
 )
 """(TrainConfig field, the option a user changes) that a resume must keep (Note [resume identity])."""
 RECIPE: tuple[tuple[str, str], ...] = (
@@ -60,7 +61,7 @@ RECIPE: tuple[tuple[str, str], ...] = (
 )
 """Settings a resume may change, with a warning (Note [resume identity])."""
 TIMELY_ONLY = ("max_freeze_ratio", "warmup_steps", "monitor_steps", "probe_steps", "replan_threshold",
-               "replan_window")
+               "replan_window", "noise_replan_z")
 ADAM_BYTES_PER_PARAM = 12
 """Checkpoint bytes per fp32 parameter: the weight and AdamW's two moments (4 bytes each)."""
 

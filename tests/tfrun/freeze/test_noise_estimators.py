@@ -67,3 +67,29 @@ def test_state_survives_a_resume_and_a_longer_window_keeps_the_newest_steps() ->
     longer.add(torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([500.0, 1000.0], dtype=torch.float64),
                torch.tensor([True, True]))
     assert longer.values()[1][0].item() == pytest.approx(_fill("winsor", STEADY[-3:] + [500.0]).values()[1][0].item())
+
+
+def test_log_spread_is_the_jackknife_standard_error_of_the_log_noise_scale() -> None:
+    # |G|^2 = 3 every step (1 + 2), tr(Sigma) = 3 t: no value is clipped (median +- 4.4 MAD holds them all), so
+    # leaving step k out gives the mean of the others, and the stage's noise scale is that mean of t
+    traces = [1.0, 2.0, 3.0, 4.0]
+    noise = _fill("winsor", traces)
+    theta = [math.log(sum(traces[:k] + traces[k + 1:]) / 3) for k in range(4)]
+    mean = sum(theta) / 4
+    assert noise.log_spread() == pytest.approx(math.sqrt(3 / 4 * sum((x - mean) ** 2 for x in theta)), rel=1e-12)
+    assert _fill("winsor", [400.0] * 5).log_spread() == 0.0  # a steady stage: no spread
+    # more scatter, more spread; an outlier step is bounded by the clipping, not passed through
+    assert _fill("winsor", [300.0, 500.0, 350.0, 450.0, 400.0]).log_spread() > \
+        _fill("winsor", STEADY[:5]).log_spread()
+    assert _fill("winsor", STEADY + [40_000.0]).log_spread() < 0.5
+
+
+def test_log_spread_needs_a_window_of_three_steps_and_a_resolved_noise_scale() -> None:
+    assert _fill("ema", STEADY).log_spread() is None  # no window to leave a step out of
+    assert _fill("winsor", STEADY[:2]).log_spread() is None
+    assert _fill("median", STEADY[:3]).log_spread() is not None
+    noise = TensorNoise("winsor", 1, window=4)
+    for gsq in (1.0, -1.0, -1.0):  # without the first step, |G|^2 is not positive: the stage is not resolved
+        noise.add(torch.tensor([gsq], dtype=torch.float64), torch.tensor([5.0], dtype=torch.float64),
+                  torch.tensor([True]))
+    assert noise.log_spread() == math.inf

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,10 @@ def runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]
         **{name: (_timely(root / name, "--schedule", "1f1b", "--steps", "24", "--replan-window", "5",
                           "--replan-threshold", "3.0", *SHORT), env)
            for name, env in (("steady", {}), ("slowed", {"TFRUN_SLOW": "1:14:60"}))},  # stage 1 F +60 ms from 14
+        # the online goodput mode with the noise gate: noise measured every step, a window of 4, checks every 4
+        "gated": (_timely(root / "gated", "--schedule", "1f1b", "--steps", "20", "--objective", "goodput",
+                          "--noise-replan-z", "2", "--replan-window", "4", "--noise-every", "1", "--noise-window",
+                          "4", *SHORT), {}),
         "zb": (_timely(root / "zb", "--schedule", "interleaved-zb", "--stages-per-rank", "2", "--steps", "14",
                        *SHORT), {}),
         "resume-7": (_timely(r, "--steps", "7", *resume, "--checkpoint-every", "1"), {}),  # stops in the probe (6-7)
@@ -52,6 +57,28 @@ def runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]
     }
     results = shared_ranks.run(list(commands.values()), 2, root / "harness")
     return root, dict(zip(commands, results))
+
+
+def _noise(*scales: float):
+    from tfplan.cost.goodput import NoiseModel
+
+    return NoiseModel(noise_scale_tokens=scales, grad_sq_share=(0.5, 0.5), microbatch_tokens=64, source="measured")
+
+
+def test_a_noise_move_within_the_estimates_own_scatter_does_not_replan() -> None:
+    torch_or_skip()
+    from tfrun.freeze.online import _noise_moved
+
+    planned, now = _noise(1000.0, 1000.0), _noise(1800.0, 1100.0)  # stage 0 x1.8 (ln 0.59), stage 1 x1.1
+    # without the gate (z = 0): the relative rule alone, stage 1 is within NOISE_REPLAN (25%)
+    assert _noise_moved(planned, now, {}, {}, 0.0) == "noise: stage 0 x1.80"
+    # z = 2: the move must exceed 2 x hypot(se_planned, se_now) on the log scale
+    assert _noise_moved(planned, now, {0: 0.1, 1: 0.1}, {0: 0.1, 1: 0.1}, 2.0) == "noise: stage 0 x1.80 (4.2 SE)"
+    assert _noise_moved(planned, now, {0: 0.3, 1: 0.1}, {0: 0.3, 1: 0.1}, 2.0) is None  # 0.59 < 2 x 0.42
+    # a stage whose spread is not resolved (missing, or inf) never re-plans on noise under the gate
+    assert _noise_moved(planned, now, {1: 0.1}, {0: 0.1, 1: 0.1}, 2.0) is None
+    assert _noise_moved(planned, now, {0: math.inf}, {0: 0.1}, 2.0) is None
+    assert _noise_moved(None, now, {}, {}, 2.0) is None  # a seeded run before its first noise section
 
 
 def _rows(out: Path) -> list[dict]:
@@ -174,6 +201,20 @@ def test_a_stage_that_slows_down_triggers_a_replan_and_a_steady_one_does_not(run
     replans = plans["slowed"][1:]
     assert replans and replans[0]["reason"].startswith("drift: stage 1 F")
     assert replans[0]["new_predicted_ms"] > replans[0]["old_predicted_ms"]
+
+
+@pytest.mark.slow
+def test_the_noise_gate_runs_in_the_online_goodput_mode_and_names_the_standard_errors(runs):
+    root, results = runs
+    proc = results["gated"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plans = [r for r in _rows(root / "gated") if r.get("event") == "plan"]
+    assert plans[0]["reason"] == "first plan"
+    # every plan records the spreads it was solved with: after 4 monitor steps, a window of 4 measured steps
+    assert all(len(p["noise_log_se"]) == 2 for p in plans)
+    assert all(se is not None and se >= 0 for se in plans[0]["noise_log_se"])
+    noise_reasons = [p["reason"].split("noise: ")[1] for p in plans if "noise: " in p["reason"]]
+    assert all(part.endswith("SE)") for reason in noise_reasons for part in reason.split(", "))
 
 
 @pytest.mark.slow
