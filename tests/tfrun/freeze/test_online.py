@@ -59,28 +59,6 @@ def runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]
     return root, dict(zip(commands, results))
 
 
-def _noise(*scales: float):
-    from tfplan.cost.goodput import NoiseModel
-
-    return NoiseModel(noise_scale_tokens=scales, grad_sq_share=(0.5, 0.5), microbatch_tokens=64, source="measured")
-
-
-def test_a_noise_move_within_the_estimates_own_scatter_does_not_replan() -> None:
-    torch_or_skip()
-    from tfrun.freeze.online import _noise_moved
-
-    planned, now = _noise(1000.0, 1000.0), _noise(1800.0, 1100.0)  # stage 0 x1.8 (ln 0.59), stage 1 x1.1
-    # without the gate (z = 0): the relative rule alone, stage 1 is within NOISE_REPLAN (25%)
-    assert _noise_moved(planned, now, {}, {}, 0.0) == "noise: stage 0 x1.80"
-    # z = 2: the move must exceed 2 x hypot(se_planned, se_now) on the log scale
-    assert _noise_moved(planned, now, {0: 0.1, 1: 0.1}, {0: 0.1, 1: 0.1}, 2.0) == "noise: stage 0 x1.80 (4.2 SE)"
-    assert _noise_moved(planned, now, {0: 0.3, 1: 0.1}, {0: 0.3, 1: 0.1}, 2.0) is None  # 0.59 < 2 x 0.42
-    # a stage whose spread is not resolved (missing, or inf) never re-plans on noise under the gate
-    assert _noise_moved(planned, now, {1: 0.1}, {0: 0.1, 1: 0.1}, 2.0) is None
-    assert _noise_moved(planned, now, {0: math.inf}, {0: 0.1}, 2.0) is None
-    assert _noise_moved(None, now, {}, {}, 2.0) is None  # a seeded run before its first noise section
-
-
 def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -254,6 +232,28 @@ def test_noise_drift_is_a_reason_to_replan_beyond_its_threshold():
         return NoiseModel(noise_scale_tokens=scales, grad_sq_share=(0.5, 0.5), microbatch_tokens=64, source="measured")
 
     planned = model((1000.0, 2000.0))
-    assert _noise_moved(planned, model((1000.0 * (1 + NOISE_REPLAN) * 0.99, 2000.0))) is None
-    assert _noise_moved(planned, model((1000.0, 2000.0 * 1.5))) == "noise: stage 1 x1.50"
-    assert _noise_moved(None, planned) is None and _noise_moved(planned, None) is None
+    assert _noise_moved(planned, model((1000.0 * (1 + NOISE_REPLAN) * 0.99, 2000.0)), {}, {}, 0.0) is None
+    assert _noise_moved(planned, model((1000.0, 2000.0 * 1.5)), {}, {}, 0.0) == "noise: stage 1 x1.50"
+    assert _noise_moved(None, planned, {}, {}, 0.0) is None and _noise_moved(planned, None, {}, {}, 0.0) is None
+
+
+def _noise(*scales: float):
+    from tfplan.cost.goodput import NoiseModel
+
+    return NoiseModel(noise_scale_tokens=scales, grad_sq_share=(0.5, 0.5), microbatch_tokens=64, source="measured")
+
+
+def test_a_noise_move_within_the_estimates_own_scatter_does_not_replan() -> None:
+    torch_or_skip()
+    from tfrun.freeze.online import _noise_moved
+
+    planned, now = _noise(1000.0, 1000.0), _noise(1800.0, 1100.0)  # stage 0 x1.8 (ln 0.59), stage 1 x1.1
+    # without the gate (z = 0): the relative rule alone, stage 1 is within NOISE_REPLAN (25%)
+    assert _noise_moved(planned, now, {}, {}, 0.0) == "noise: stage 0 x1.80"
+    # z = 2: the move must exceed 2 x hypot(se_planned, se_now) on the log scale
+    assert _noise_moved(planned, now, {0: 0.1, 1: 0.1}, {0: 0.1, 1: 0.1}, 2.0) == "noise: stage 0 x1.80 (4.2 SE)"
+    assert _noise_moved(planned, now, {0: 0.3, 1: 0.1}, {0: 0.3, 1: 0.1}, 2.0) is None  # 0.59 < 2 x 0.42
+    # a stage whose spread is not resolved (missing, or inf) never re-plans on noise under the gate
+    assert _noise_moved(planned, now, {1: 0.1}, {0: 0.1, 1: 0.1}, 2.0) is None
+    assert _noise_moved(planned, now, {0: math.inf}, {0: 0.1}, 2.0) is None
+    assert _noise_moved(None, now, {}, {}, 2.0) is None  # a seeded run before its first noise section
