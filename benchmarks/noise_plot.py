@@ -77,6 +77,10 @@ def replan_report(rows: list[dict], steps: list[int], scales: list[list[float | 
     by_noise = sum("noise" in (r.get("reason") or "") for r in plans)
     noise = dict(zip(steps, scales))
     lines = [f"  {len(plans)} plans, {by_noise} of them for a noise reason (threshold x{1 + NOISE_REPLAN:.2f})"]
+    gated = [(r["step"], r["noise_log_se"]) for r in plans if r.get("noise_log_se")]
+    if gated:  # --noise-replan-z: the standard errors of the log noise scale each plan was solved with
+        lines.append("  log noise scale's standard error at each plan (step: per stage): " + "; ".join(
+            f"{t}: " + ", ".join("-" if v is None else f"{v:.2f}" for v in se) for t, se in gated))
     for s in range(len(scales[0])):
         series = [(t, v[s]) for t, v in sorted(noise.items()) if t >= horizon and v[s]]
         steps = dict(series)

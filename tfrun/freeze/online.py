@@ -19,8 +19,8 @@ profile of the monitor and probe steps with that noise section, and each drift c
 scales with the plan's: one off by more than NOISE_REPLAN (relative; the noise scale grows as the loss falls)
 is a reason to solve again with the current estimates, like a drifted action time. Under --noise-replan-z Z the
 move must also exceed Z standard errors of the two estimates (tfrun.freeze.noise_estimators Note [noise gate]):
-the estimate's own scatter is not a reason to re-plan. A seeded run (--plan) has no noise section until its
-first re-plan, which a drifted action time triggers; that re-plan's noise is the first the run plans with.
+the estimate's own scatter is not a reason to re-plan. A seeded run (--plan) starts from a plan solved without
+its noise: its first drift check solves for goodput with the run's first estimates, drift or not.
 
 Note [probe]: the reference freezes everything for about 110 steps to measure the lower bound, while little
 is learned. We freeze a block of max(1, M / 4) whole micro-batches per probe step, moving each step, so a few
@@ -325,8 +325,10 @@ def _noise_moved(planned: NoiseModel | None, now: NoiseModel | None, planned_spr
     """Why the noise scales call for a new plan (Note [online goodput]), or None. With z > 0 a stage's move
     counts only beyond z standard errors of its two log estimates (`*_spread`, stage -> standard error; a
     stage missing from either has no resolved spread and does not count: Note [noise gate])."""
-    if planned is None or now is None:
+    if now is None:
         return None
+    if planned is None:  # a seeded run's first check: its plan was solved without noise
+        return "noise: the first estimates (the seed plan had none)"
     moved = []
     for s, (a, b) in enumerate(zip(planned.noise_scale_tokens, now.noise_scale_tokens)):
         if not (a > 0 and b > 0 and abs(b / a - 1.0) > NOISE_REPLAN):
