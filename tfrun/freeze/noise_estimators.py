@@ -28,7 +28,7 @@ a median is known to be inconsistent (too few distinct leave-one-out values); fo
 default, it is the usual one. Consecutive drift checks' windows overlap when the window spans more steps than
 --replan-window, which makes their difference's true spread smaller than the independent sum assumed: the gate
 errs towards not re-planning. Measured (docs/results.md, "A gate on noise re-plans"): standard errors of
-0.13-1.28 at the default window, so at Z = 2 only moves beyond about x2-x5 count; the noise re-plans of nine
+0.13-1.28 at the default window, so at Z = 2 only moves beyond about x2.3-x5.5 count; the noise re-plans of nine
 study runs fell from 59 to 9, but the gap at equal time moved by -0.33 pp on average, so the gate is off by
 default.
 """
