@@ -74,7 +74,7 @@ def replan_report(rows: list[dict], steps: list[int], scales: list[list[float | 
     from tfrun.freeze.online import NOISE_REPLAN
 
     plans = [r for r in rows if r.get("event") == "plan"]
-    by_noise = sum("noise" in (r.get("reason") or "") for r in plans)
+    by_noise = sum("noise: stage" in (r.get("reason") or "") for r in plans)  # (not a seeded run's first estimates)
     noise = dict(zip(steps, scales))
     lines = [f"  {len(plans)} plans, {by_noise} of them for a noise reason (threshold x{1 + NOISE_REPLAN:.2f})"]
     gated = [(r["step"], r["noise_log_se"]) for r in plans if r.get("noise_log_se")]

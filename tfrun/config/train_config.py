@@ -33,6 +33,9 @@ measure])."""
 DEFAULT_NOISE_MEASURE = "sequence"
 """Chosen by measurement: docs/cost-model.md, "Which noise estimator"."""
 DEFAULT_NOISE_WINDOW = 8
+MIN_JACKKNIFE = 3
+"""Measured steps in a window below which a stage's noise spread is not estimated (--noise-replan-z needs a
+window this long: tfrun.freeze.noise_estimators Note [noise gate])."""
 """Measured steps the window estimators keep by default (fewer when the run measures fewer)."""
 APF_STABLE_SHARE = 0.5
 """Default share of a tensor's scalars that must be stable for APF to freeze it (tfrun.freeze.baselines Note [apf
@@ -330,10 +333,14 @@ class TrainConfig:
             if self.replan_window < 2 or not 0 < self.replan_threshold:
                 raise TfrunError(f"--replan-window must be >= 2 and --replan-threshold > 0, got "
                                  f"{self.replan_window} and {self.replan_threshold:g}")
-            if self.noise_replan_z < 0 or (self.noise_replan_z > 0 and self.noise_estimator == "ema"):
-                raise TfrunError(f"--noise-replan-z must be >= 0, and needs --noise-estimator median or winsor (a "
-                                 f"window to measure the spread over), got {self.noise_replan_z:g} with "
-                                 f"{self.noise_estimator}")
+            if not 0 <= self.noise_replan_z < float("inf"):
+                raise TfrunError(f"--noise-replan-z must be a finite number >= 0, got {self.noise_replan_z:g}")
+            if self.noise_replan_z > 0 and (self.objective != "goodput" or self.noise_estimator == "ema"
+                                            or self.noise_window_steps() < MIN_JACKKNIFE):
+                raise TfrunError(f"--noise-replan-z gates noise re-plans: it needs --objective goodput and "
+                                 f"--noise-estimator median or winsor over a window of at least {MIN_JACKKNIFE} "
+                                 f"measured steps, got --objective {self.objective}, {self.noise_estimator}, "
+                                 f"window {self.noise_window_steps()}")
             if len(self.max_freeze_ratio) not in (1, self.num_stages) or not all(
                     0 <= c <= 1 for c in self.max_freeze_ratio):
                 raise TfrunError(f"--max-freeze-ratio: one cap or one per stage ({self.num_stages}), each in [0, 1]")

@@ -40,14 +40,13 @@ import math
 import torch
 
 from tfrun.config.train_config import DEFAULT_NOISE_WINDOW as DEFAULT_WINDOW
+from tfrun.config.train_config import MIN_JACKKNIFE
 from tfrun.config.train_config import NOISE_ESTIMATORS as ESTIMATORS
 
 NOISE_EMA = 0.9
 """Factor of the `ema` estimator's moving averages over measured steps."""
 MAD_CLIP = 3.0 * 1.4826
 """winsor: values beyond this many scaled median absolute deviations from the window's median are clipped."""
-MIN_JACKKNIFE = 3
-"""Measured steps in the window below which a stage's spread is not estimated (Note [noise gate])."""
 
 
 class TensorNoise:

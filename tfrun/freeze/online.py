@@ -248,6 +248,8 @@ class OnlinePlanner:
         measured = self.drift.measure(step, self.timer, self.plan)
         noise = self._noise_model(required=self.noise_model is None)  # goodput: the current estimates
         spread = self._noise_spread()
+        if noise is self.noise_model:  # (some stage has no estimate now: the plan's noise, and its spreads)
+            spread = self.noise_spread
         decision = None
         if measured is not None:
             drifted = self.drift.drifted(measured)
@@ -331,9 +333,11 @@ def _noise_moved(planned: NoiseModel | None, now: NoiseModel | None, planned_spr
         return "noise: the first estimates (the seed plan had none)"
     moved = []
     for s, (a, b) in enumerate(zip(planned.noise_scale_tokens, now.noise_scale_tokens)):
-        if not (a > 0 and b > 0 and abs(b / a - 1.0) > NOISE_REPLAN):
+        if not (a > 0 and abs(b / a - 1.0) > NOISE_REPLAN):
             continue
         if z > 0:
+            if b <= 0:  # (not a resolved estimate: no log to compare)
+                continue
             se = math.hypot(planned_spread.get(s, math.inf), now_spread.get(s, math.inf))
             if not abs(math.log(b / a)) > z * se:
                 continue
