@@ -186,21 +186,14 @@ class NoiseMeter:
     def gathered(self) -> tuple[dict[int, tuple[float, float]], list[int]]:
         """stage_estimates of every stage, and the stages the last measured step left out (`skipped`), on every
         rank: one gather over the default group."""
-        if not dist.is_initialized() or dist.get_world_size() == 1:
-            return self.stage_estimates(), sorted(self.skipped)
-        parts: list = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, (self.stage_estimates(), self.skipped))
+        parts = _from_every_rank((self.stage_estimates(), self.skipped))
         return {s: v for part, _ in parts for s, v in part.items()}, sorted({s for _, part in parts for s in part})
 
     def gathered_log_spread(self) -> dict[int, float]:
         """Stage -> the jackknife standard error of its log noise scale (TensorNoise.log_spread; Note [noise
         gate]), for every stage that has one, on every rank: one gather over the default group."""
         local = {s: v for s, t in self.smoothed.items() if (v := t.log_spread()) is not None}
-        if not dist.is_initialized() or dist.get_world_size() == 1:
-            return local
-        parts: list = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, local)
-        return {s: v for part in parts for s, v in part.items()}
+        return {s: v for part in _from_every_rank(local) for s, v in part.items()}
 
     def close(self) -> None:
         if self.sequences is not None:
@@ -251,6 +244,16 @@ class StepSums:
         if values is not None:
             out.index_add_(0, torch.tensor(of, device=self.device), values.to(device=self.device, dtype=torch.float64))
         return out
+
+
+def _from_every_rank(local) -> list:
+    """Every rank's `local` (a picklable object), in rank order: one gather over the default group ([local]
+    when not distributed)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [local]
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, local)
+    return parts
 
 
 def noise_scale(gsq: float, trace: float) -> float | None:

@@ -335,16 +335,13 @@ def _noise_moved(planned: NoiseModel | None, now: NoiseModel | None, planned_spr
     for s, (a, b) in enumerate(zip(planned.noise_scale_tokens, now.noise_scale_tokens)):
         if not (a > 0 and abs(b / a - 1.0) > NOISE_REPLAN):
             continue
-        if z > 0:
-            if b <= 0:  # (not a resolved estimate: no log to compare)
-                continue
+        text = f"stage {s} x{b / a:.2f}"
+        if z > 0:  # (b <= 0 is no resolved estimate: no log to compare)
             se = math.hypot(planned_spread.get(s, math.inf), now_spread.get(s, math.inf))
-            if not abs(math.log(b / a)) > z * se:
+            if b <= 0 or not abs(math.log(b / a)) > z * se:
                 continue
-            moved.append(f"stage {s} x{b / a:.2f} ({abs(math.log(b / a)) / se:.1f} SE)" if se > 0
-                         else f"stage {s} x{b / a:.2f}")
-        else:
-            moved.append(f"stage {s} x{b / a:.2f}")
+            text += f" ({abs(math.log(b / a)) / se:.1f} SE)" if se > 0 else ""
+        moved.append(text)
     return "noise: " + ", ".join(moved) if moved else None
 
 

@@ -182,7 +182,7 @@ def test_a_stage_that_slows_down_triggers_a_replan_and_a_steady_one_does_not(run
 
 
 @pytest.mark.slow
-def test_the_noise_gate_runs_in_the_online_goodput_mode_and_names_the_standard_errors(runs):
+def test_the_gated_online_goodput_mode_records_the_standard_errors_each_plan_was_solved_with(runs):
     root, results = runs
     proc = results["gated"]
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -191,8 +191,8 @@ def test_the_noise_gate_runs_in_the_online_goodput_mode_and_names_the_standard_e
     # every plan records the spreads it was solved with: after 4 monitor steps, a window of 4 measured steps
     assert all(len(p["noise_log_se"]) == 2 for p in plans)
     assert all(se is not None and se >= 0 for se in plans[0]["noise_log_se"])
-    noise_reasons = [p["reason"].split("noise: ")[1] for p in plans if "noise: " in p["reason"]]
-    assert all(part.endswith("SE)") for reason in noise_reasons for part in reason.split(", "))
+    # (the gate's decision itself is checked on _noise_moved below: whether this short run re-plans on noise
+    # depends on its estimates)
 
 
 @pytest.mark.slow
@@ -223,26 +223,22 @@ def test_resumed_in_the_probe_and_in_the_ramp_the_run_keeps_its_measurements_and
     assert (out / "plan.json").read_text() == first_plan  # the same plan after the second resume
 
 
-def test_noise_drift_is_a_reason_to_replan_beyond_its_threshold():
-    pytest.importorskip("torch")
-    from tfplan.cost.goodput import NoiseModel
-    from tfrun.freeze.online import NOISE_REPLAN, _noise_moved
-
-    def model(scales):
-        return NoiseModel(noise_scale_tokens=scales, grad_sq_share=(0.5, 0.5), microbatch_tokens=64, source="measured")
-
-    planned = model((1000.0, 2000.0))
-    assert _noise_moved(planned, model((1000.0 * (1 + NOISE_REPLAN) * 0.99, 2000.0)), {}, {}, 0.0) is None
-    assert _noise_moved(planned, model((1000.0, 2000.0 * 1.5)), {}, {}, 0.0) == "noise: stage 1 x1.50"
-    assert _noise_moved(planned, None, {}, {}, 0.0) is None  # not under --objective goodput
-    # a seeded run solves for goodput at its first check, whether or not an action time drifted
-    assert _noise_moved(None, planned, {}, {}, 0.0) == "noise: the first estimates (the seed plan had none)"
-
-
 def _noise(*scales: float):
     from tfplan.cost.goodput import NoiseModel
 
     return NoiseModel(noise_scale_tokens=scales, grad_sq_share=(0.5, 0.5), microbatch_tokens=64, source="measured")
+
+
+def test_noise_drift_is_a_reason_to_replan_beyond_its_threshold():
+    torch_or_skip()
+    from tfrun.freeze.online import NOISE_REPLAN, _noise_moved
+
+    planned = _noise(1000.0, 2000.0)
+    assert _noise_moved(planned, _noise(1000.0 * (1 + NOISE_REPLAN) * 0.99, 2000.0), {}, {}, 0.0) is None
+    assert _noise_moved(planned, _noise(1000.0, 2000.0 * 1.5), {}, {}, 0.0) == "noise: stage 1 x1.50"
+    assert _noise_moved(planned, None, {}, {}, 0.0) is None  # not under --objective goodput
+    # a seeded run solves for goodput at its first check, whether or not an action time drifted
+    assert _noise_moved(None, planned, {}, {}, 0.0) == "noise: the first estimates (the seed plan had none)"
 
 
 def test_a_noise_move_within_the_estimates_own_scatter_does_not_replan() -> None:
