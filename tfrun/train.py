@@ -89,18 +89,21 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     if online is not None and rank == 0:
         print(online.describe(), flush=True)
 
-    def evaluate() -> float:
+    def evaluate() -> tuple[float | None, list[float]]:
+        """The eval loss (mean over the eval set) and every replica's per-micro-batch eval losses (Note [eval
+        losses])."""
         state.freezing, timer.enabled, state.evaluating = False, False, True
-        total = 0.0
+        mine: list[float] = []
         with torch.no_grad():
             for x, y in evals:
                 losses: list = []
                 evaluate_forward(runtime, *((x.to(device),) if has_first else ()),
                                  **({"target": y.to(device), "losses": losses} if has_last else {}))
-                total += float(sum(v.item() for v in losses)) / config.num_microbatches if has_last else 0.0
+                mine += [float(v.item()) for v in losses]
         state.freezing, state.evaluating = config.freeze != "none", False
-        value = _from_last_stage(total / len(evals), has_last, device, r.dp)
-        return value if math.isfinite(value) else None  # (JSON has no NaN; the next step's check stops the run)
+        each = _eval_losses(mine, has_last, device, r.dp, r.dp_rank, len(evals) * config.num_microbatches)
+        value = math.fsum(each) / len(each)
+        return (value if math.isfinite(value) else None), each  # (JSON has no NaN: the next step's check stops it)
 
     progress = _Progress(rank == 0 and not config.quiet, config.steps, start)
     control = StepControl(config, stop, device)
@@ -149,7 +152,8 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
             row |= _gather_noise(noise, config.num_stages)
         last = step == config.steps - 1
         if (config.eval_every and (step + 1) % config.eval_every == 0) or last:
-            row["eval_loss"], row["eval_ms"] = clock.excluded(evaluate)
+            (row["eval_loss"], each), row["eval_ms"] = clock.excluded(evaluate)
+            row["eval_microbatch_losses"] = [round(v, 7) if math.isfinite(v) else None for v in each]
         after: list[dict] = []
         if online is not None:
             row["phase"] = online.phase(step)
@@ -214,6 +218,23 @@ def _gather_stats(r: Rank) -> list[dict] | None:
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(rows, parts, dst=0)
     return None if parts is None else [row for part in parts for row in part]
+
+
+# Note [eval losses]: an evaluation records, beside its mean, the loss of every eval micro-batch of every
+# replica (replica-major, then batch, then micro-batch): the eval set is fixed, so two runs' losses pair up
+# micro-batch by micro-batch, and the spread of their differences is the eval set's own sampling error on a
+# comparison (tfrun.records.efficiency). Every micro-batch holds as many sequences, so the mean of the list is
+# the eval loss.
+def _eval_losses(mine: list[float], has_last: bool, device: torch.device, dp: int, dp_rank: int,
+                 per_replica: int) -> list[float]:
+    """Every replica's per-micro-batch eval losses on every rank (Note [eval losses]); `mine`: this rank's
+    (empty off the last stage). Collective."""
+    t = torch.zeros(dp * per_replica, dtype=torch.float64, device=device)
+    if has_last:
+        assert len(mine) == per_replica, (len(mine), per_replica)
+        t[dp_rank * per_replica:(dp_rank + 1) * per_replica] = torch.tensor(mine, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
 
 
 def _from_last_stage(value: float, has_last: bool, device: torch.device, dp: int = 1) -> float:

@@ -189,9 +189,21 @@ def make_plan(
 def with_uniform_ratio(plan: Plan, ratio: float) -> Plan:
     """The plan with every action of every freeze group at `ratio` (Note [freeze groups] in tfplan.step.dag), its
     predictions recomputed: the stress plans of tests and benchmarks (valid where `ratio` is within every cap)."""
-    ratios = tuple(ratio if ok else 0.0 for ok in plan.dag.freeze_mask())
+    return with_stage_ratios(plan, [ratio] * plan.schedule.num_stages)
+
+
+def with_stage_ratios(plan: Plan, per_stage: Sequence[float]) -> Plan:
+    """The plan with every freezable action of stage s at `per_stage[s]`, its predictions recomputed: the
+    one-stage-at-a-time cells of the learning-price calibration (benchmarks/calibration.py) and the stress
+    plans (valid where each ratio is within its stage's cap; the goodput record is dropped, as it described
+    the old ratios)."""
+    assert len(per_stage) == plan.schedule.num_stages, (len(per_stage), plan.schedule.num_stages)
+    ratios = [0.0] * len(plan.ratios)
+    for s, group in enumerate(plan.dag.freeze_groups()):
+        for v in group:
+            ratios[v] = per_stage[s]
     predicted, none, planned = _predict(plan.dag, ratios)
-    return replace(plan, ratios=ratios, predicted=predicted, timelines=(none, planned))
+    return replace(plan, ratios=tuple(ratios), predicted=predicted, timelines=(none, planned), goodput=None)
 
 
 def source_provenance(source: dict[str, Any]) -> dict[str, Any]:

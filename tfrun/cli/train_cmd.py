@@ -37,6 +37,10 @@ def train_cmd(
     ] = "tiny",
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 30,
     seed: Annotated[int, typer.Option("--seed", help="Initialisation, data and freeze-selection seed.")] = 0,
+    freeze_seed: Annotated[
+        int | None, typer.Option("--freeze-seed", help="Another draw of which micro-batches and tensors freeze, "
+                                                       "with --seed's data and weights (default: --seed).")
+    ] = None,
     out: Annotated[str | None, typer.Option("--out", help="Output folder (default runs/latest).")] = None,
     freeze: Annotated[
         str, typer.Option("--freeze", help="plan: apply the plan; none: the unfrozen baseline; all: freeze "
@@ -120,6 +124,9 @@ def train_cmd(
                                                  "the tensorboard package).")
     ] = False,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Validation loss every K steps (0: end).")] = 0,
+    eval_batches: Annotated[
+        int, typer.Option("--eval-batches", help="Validation batches (of the step's sequences) per evaluation.")
+    ] = 4,
     checkpoint_every: Annotated[
         int, typer.Option("--checkpoint-every", help="Checkpoint every K steps (0: only by time and at the end).")
     ] = 100,
@@ -254,7 +261,7 @@ def train_cmd(
         ctx.params.update(config_file.resumed_data_settings(ctx))  # Note [resumed data]
         tokenizer, token_dtype = ctx.params["tokenizer"], ctx.params["token_dtype"]
         config = setup.train_config(
-            plan_path=plan, model=model, steps=steps, seed=seed, out_dir=setup.out_dir(out, resume), freeze=freeze,
+            plan_path=plan, model=model, steps=steps, seed=seed, freeze_seed=freeze_seed, out_dir=setup.out_dir(out, resume), freeze=freeze,
             freeze_method=freeze_method, redraw_every=redraw_every,
             freeze_policy=freeze_policy or ("goodput" if objective == "goodput" else "auto"), objective=objective,
             ramp_steps=ramp_steps if ramp_steps is not None else (15 if freeze == "timely" else 0),
@@ -266,7 +273,7 @@ def train_cmd(
             autofreeze_percentile=autofreeze_percentile, autofreeze_check_every=autofreeze_check_every,
             init_from=init_from, dp=dp,
             grad_rescale=grad_rescale, microbatch_size=microbatch_size, global_batch=global_batch,
-            seq_len=seq_len, lr=lr, eval_every=eval_every, checkpoint_every=checkpoint_every,
+            seq_len=seq_len, lr=lr, eval_every=eval_every, eval_batches=eval_batches, checkpoint_every=checkpoint_every,
             checkpoint_minutes=checkpoint_minutes, keep_checkpoints=keep_checkpoints, force=force,
             resume=resume is not None, data_path=data, threads=threads, quiet=quiet, noise_every=noise_every,
             noise_estimator=noise_estimator, noise_measure=noise_measure, noise_window=noise_window,

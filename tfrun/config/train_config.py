@@ -93,6 +93,10 @@ class TrainConfig:
     """Optimizer steps to run (in all, counting resumed ones)."""
     seed: int = 0
     """Initialisation, data order and freeze selection seed."""
+    freeze_seed: int | None = None
+    """Which micro-batches and tensors freeze (the freezer's draws; tfrun.freeze.freezing); None: `seed`. Runs
+    of one `seed` and other freeze seeds see the same data and start from the same weights: the scatter of
+    "which micro-batches" alone (tfrun.records.efficiency)."""
     out_dir: str = "runs/latest"
     """Where metrics.jsonl, summary.json, profile.json and checkpoints go."""
     microbatch_size: int = 4
@@ -238,6 +242,11 @@ class TrainConfig:
         """The torch dtype name a forward computes in ("float32" or "bfloat16") on a CUDA device or not."""
         bf16 = self.precision == "bf16" or self.precision == "auto" and cuda
         return "bfloat16" if bf16 else "float32"
+
+    @property
+    def selection_seed(self) -> int:
+        """The freezer's seed: `freeze_seed`, or `seed` without one."""
+        return self.seed if self.freeze_seed is None else self.freeze_seed
 
     def ratio_of(self, action: str) -> float:
         """The fixed ratio this run freezes `action` at: the plan's (plan), 0 (none), 1 (all); 0 under timely,

@@ -139,7 +139,7 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None, freeze
         stage_candidates,
         planned_ratios(config, local),
         num_microbatches=config.num_microbatches,
-        seed=config.seed,
+        seed=config.selection_seed,
         redraw_every=config.redraw_every,
         ramp_steps=config.ramp_steps if config.freeze in PLANNED + ("timely",) else 0,
         policy=config.freeze_policy,
