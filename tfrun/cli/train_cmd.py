@@ -261,7 +261,8 @@ def train_cmd(
         ctx.params.update(config_file.resumed_data_settings(ctx))  # Note [resumed data]
         tokenizer, token_dtype = ctx.params["tokenizer"], ctx.params["token_dtype"]
         config = setup.train_config(
-            plan_path=plan, model=model, steps=steps, seed=seed, freeze_seed=freeze_seed, out_dir=setup.out_dir(out, resume), freeze=freeze,
+            plan_path=plan, model=model, steps=steps, seed=seed, freeze_seed=freeze_seed,
+            out_dir=setup.out_dir(out, resume), freeze=freeze,
             freeze_method=freeze_method, redraw_every=redraw_every,
             freeze_policy=freeze_policy or ("goodput" if objective == "goodput" else "auto"), objective=objective,
             ramp_steps=ramp_steps if ramp_steps is not None else (15 if freeze == "timely" else 0),

@@ -40,7 +40,8 @@ from tfrun.measure.profile import run_device
 
 IDENTITY: tuple[tuple[str, str], ...] = (
     ("plan_hash", "plan"), ("model", "--model"), ("model_hash", "--model's config.json"), ("seed", "--seed"),
-    ("freeze_seed", "--freeze-seed"), ("freeze", "--freeze"), ("freeze_method", "--freeze-method"), ("freeze_policy", "--freeze-policy"),
+    ("freeze_seed", "--freeze-seed"), ("freeze", "--freeze"), ("freeze_method", "--freeze-method"),
+    ("freeze_policy", "--freeze-policy"),
     ("microbatch_size", "--microbatch-size"), ("seq_len", "--seq-len"), ("num_microbatches", "micro-batches per step"),
     ("redraw_every", "--redraw-every"),
     ("ramp_steps", "--ramp-steps"), ("grad_rescale", "--grad-rescale"), ("max_stale_steps", "--max-stale-steps"),
