@@ -66,7 +66,7 @@ def compare_cmd(
         loaded, base = compare.load_comparable(runs, baseline, force, "compare")
         result = compare.compare(loaded, base, paired.load_all(paired_file) if paired_file else None)
         if plot:
-            compare.plot(loaded, plot)
+            compare.plot(loaded, plot, result)
         if as_json:
             print(json.dumps(result))
             return
@@ -74,7 +74,8 @@ def compare_cmd(
                             "is wall time, evaluation excluded)", title_justify="left", show_edge=False)
         for col in ("run", "method", "training time", "tokens/s", "speedup", "median step speedup", "freeze ratio",
                     "train loss", "eval loss", "eval gap", "gap at equal time", *(
-                        ("paired gap (spread)",) if paired_file else ()), "time to target"):
+                        ("paired gap (spread)",) if paired_file else ()), "time to target", "efficiency",
+                    "predicted"):
             table.add_column(col, justify="left" if col in ("run", "method") else "right")
         for row in result["runs"]:
             ratio = (" ".join(f"{r:.2f}" for r in row["freeze_ratio_per_stage"] or []) if per_stage
@@ -88,12 +89,21 @@ def compare_cmd(
                           f"{row['eval_gap']:+.2%}" if row["eval_gap"] is not None else "-",
                           f"{row['eval_gap_same_time']:+.2%}" if row["eval_gap_same_time"] is not None else "-",
                           *((_paired_cell(row),) if paired_file else ()),
-                          f"{reached:.0f} s" if reached is not None else "not reached")
+                          f"{reached:.0f} s" if reached is not None else "not reached", _efficiency_cell(row),
+                          "-" if row["efficiency_predicted"] is None else f"{row['efficiency_predicted']:.3f}")
         # off a terminal rich assumes 80 columns and wraps every cell; a file gets the table whole
         console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
         console.print(table)
         if plot:
             console.print(f"plot written to {plot}")
+
+
+def _efficiency_cell(row: dict) -> str:
+    """The run's efficiency, and its freeze seeds' range where its cell ran several."""
+    if row["efficiency"] is None:
+        return "-"
+    spread = row.get("efficiency_seed_spread")
+    return f"{row['efficiency']:.3f}" + ("" if spread is None else f" ({spread:.3f} over {row['efficiency_seeds']})")
 
 
 def _paired_cell(row: dict) -> str:

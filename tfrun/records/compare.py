@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tfplan.fileio import write_bytes_atomic
 from tfrun.errors import TfrunError
-from tfrun.records import paired
+from tfrun.records import efficiency, paired
 
 COMPARABLE = ("model", "model_hash", "data_path", "tokenizer_path", "seed", "microbatch_size", "seq_len",
               "num_microbatches", "init_from")
@@ -227,20 +227,58 @@ def compare(runs: list[Run], base: Run, retime: dict | None = None) -> dict:
             "baseline_eval_at_same_time": base_then,
             "eval_gap_same_time": (last[2] - base_then) / base_then if base_then else None,
         })
+        rows[-1] |= _efficiency_fields(run, base)
         if base_axis is not None:
             rows[-1] |= paired.paired_fields(run.steps, paired.timing_of(retime, run.dir), base_axis, run.tokens,
                                              base.tokens, loss_at, retime["sample_every"])
+    efficiency.seed_spread(rows, [efficiency.cell_key(run.config) for run in runs])
     return {"baseline": base.dir, "target_eval_loss": target, "runs": rows}
 
 
-def plot(runs: list[Run], path: str | Path) -> None:
-    """Eval loss against step and against training time, tokens/s per step, realised ratio per stage."""
+def _efficiency_fields(run: Run, base: Run) -> dict:
+    """The run's learning efficiency from the loss curves against the baseline's (tfrun.records.efficiency Note
+    [efficiency from curves]; 1 for the baseline itself), its curve, its eval-set error, and the learning model's
+    prediction from the run's own measured noise and realised ratios (predicted_efficiency)."""
+    if run is base:
+        return {"efficiency": 1.0, "efficiency_eval_se": None, "efficiency_points": None, "efficiency_curve": [],
+                "efficiency_predicted": 1.0}
+    points = efficiency.pointwise(run.steps, base.steps)
+    return {**efficiency.summarise(points, len(run.steps)),
+            "efficiency_curve": [[steps, e] for steps, e, _ in points],
+            "efficiency_predicted": predicted_efficiency(run, base)}
+
+
+def predicted_efficiency(run: Run, base: Run) -> float | None:
+    """The learning model's efficiency for a run: its realised mean ratio per stage at its own measured noise
+    scale and |G|^2 shares (the baseline's where the run measured none; tfplan.cost.goodput); None without
+    either."""
+    from tfplan.cost.goodput import NoiseModel, progress
+
+    ratios = run.summary.get("realised_freeze_ratio")
+    source = next((r.summary for r in (run, base) if _has_noise(r.summary)), None)
+    if not ratios or source is None:
+        return None
+    noise = NoiseModel(noise_scale_tokens=tuple(source["noise_scale_tokens"]),
+                       grad_sq_share=tuple(source["grad_sq_share"]), microbatch_tokens=1, source="measured")
+    batch = _step_tokens(run.config)
+    unfrozen = progress([0.0] * len(ratios), batch, noise)
+    return progress(ratios, batch, noise) / unfrozen if unfrozen > 0 else None
+
+
+def _has_noise(summary: dict) -> bool:
+    scales, shares = summary.get("noise_scale_tokens"), summary.get("grad_sq_share")
+    return bool(scales) and bool(shares) and None not in scales and None not in shares
+
+
+def plot(runs: list[Run], path: str | Path, result: dict | None = None) -> None:
+    """Eval loss against step and against training time, tokens/s per step, realised ratio per stage; with the
+    comparison's `result`, also each run's learning efficiency by step and measured against predicted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 3 if result else 2, figsize=(19 if result else 13, 9))
     colors = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20").colors  # one colour per run
     for run, color in zip(runs, colors * (len(runs) // len(colors) + 1)):
         pts = run.eval_points
@@ -263,8 +301,29 @@ def plot(runs: list[Run], path: str | Path) -> None:
         ax.set_ylabel(y)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
+    if result:
+        _plot_efficiency(axes[0][2], axes[1][2], result, colors)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     write_bytes_atomic(path, buf.getvalue())
+
+
+def _plot_efficiency(by_step, against, result: dict, colors) -> None:
+    """Efficiency by step per run (Note [efficiency from curves]); measured (median over the second half, with the
+    freeze seeds' range) against the learning model's prediction."""
+    for row, color in zip(result["runs"], colors * (len(result["runs"]) // len(colors) + 1)):
+        points = [(s, e) for s, e in row["efficiency_curve"] if e is not None]
+        if points:
+            by_step.plot([p[0] for p in points], [p[1] for p in points], marker=".", color=color)
+        if row["efficiency"] is not None and row["efficiency_predicted"] is not None:
+            against.scatter([row["efficiency_predicted"]], [row["efficiency"]], color=color)
+    against.plot([0, 1], [0, 1], color="grey", linewidth=0.8)
+    for ax, (title, x, y) in zip((by_step, against), (
+            ("learning efficiency by step (unfrozen steps to the same eval loss / steps)", "step", "efficiency"),
+            ("efficiency: measured (second-half median) against predicted", "predicted", "measured"))):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.grid(alpha=0.3)
