@@ -1,11 +1,13 @@
-"""Hugging Face LLaMA checkpoints in: `--model hf:DIR` reads DIR/config.json and DIR's safetensors weights.
+"""Hugging Face checkpoints in: `--model hf:DIR` reads DIR/config.json and DIR's safetensors weights.
 
-A checkpoint folder holds `config.json` (a LlamaConfig) and either `model.safetensors` or a sharded
-`model.safetensors.index.json` (its `weight_map` names the shard of every tensor). `read_config` maps the
-config onto tfrun.models.llama.ModelConfig and refuses, by name, every field whose meaning our model does not
-implement; `check` reads only the safetensors headers (no tensor data) to verify every tensor the model needs
-before any rank starts; `load_stage` fills one stage's module, opening only the shards that hold its tensors
-and reading only its tensors (Note [stage-local loading]).
+A checkpoint folder holds `config.json` (a LLaMA, Qwen2, Qwen3 or Mistral config: tfrun.models.hf_config) and
+either `model.safetensors` or a sharded `model.safetensors.index.json` (its `weight_map` names the shard of every
+tensor). `read_config` maps the config onto tfrun.models.llama.ModelConfig and refuses, by name, every field
+whose value changes the forward in a way our model does not implement (tfrun.models.hf_config Note [config
+fields by effect]); `check` reads only the safetensors headers (no tensor data; a tied checkpoint's two matrices
+are compared, a slice at a time) to verify every tensor the model needs before any rank starts; `load_stage`
+fills one stage's module, opening only the shards that hold its tensors and reading only its tensors (Note
+[stage-local loading]).
 
 Our parameter names map one to one onto Hugging Face's (`hf_name`); the rotary layout is the same ("rotate
 half", tfrun.models.rope), so weights load without permutation and our logits equal transformers' (tests).
@@ -22,9 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tfrun.errors import TfrunError
 from tfrun.models.llama import ModelConfig, ModelError
-from tfrun.models.rope import RopeScaling
 
 PREFIX = "hf:"
 """`--model hf:DIR` names a Hugging Face checkpoint folder."""
@@ -32,19 +32,6 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
-# config.json fields, by what we do with them. A field in none of these is refused by name (unless null).
-_MAPPED = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-           "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
-           "rope_parameters", "tie_word_embeddings", "head_dim", "model_type"}
-_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-_MUST_BE = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0}
-"""Fields whose other values change the model (biases, another activation, dropout): refused."""
-_IGNORED = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
-            "transformers_version", "use_cache", "initializer_range", "pretraining_tp", "_name_or_path",
-            "output_attentions", "output_hidden_states", "return_dict", "tokenizer_class"}
-"""Metadata, generation and initialisation settings: no effect on a training forward."""
-_ROPE_FIELDS = {"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
-                "original_max_position_embeddings", "rope_theta"}
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 """safetensors dtypes a weight may have; each is converted to the stage's float32 parameters."""
 
@@ -58,6 +45,16 @@ _BLOCK = {  # ours (within layers.{i}.) -> Hugging Face's (within model.layers.{
     "mlp.w1.weight": "mlp.gate_proj.weight",
     "mlp.w3.weight": "mlp.up_proj.weight",
     "mlp.w2.weight": "mlp.down_proj.weight",
+    # the families' options (Note [families] in tfrun.models.llama)
+    "attn.wq.bias": "self_attn.q_proj.bias",
+    "attn.wk.bias": "self_attn.k_proj.bias",
+    "attn.wv.bias": "self_attn.v_proj.bias",
+    "attn.wo.bias": "self_attn.o_proj.bias",
+    "attn.q_norm.weight": "self_attn.q_norm.weight",
+    "attn.k_norm.weight": "self_attn.k_norm.weight",
+    "mlp.w1.bias": "mlp.gate_proj.bias",
+    "mlp.w3.bias": "mlp.up_proj.bias",
+    "mlp.w2.bias": "mlp.down_proj.bias",
 }
 _TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
         "head.weight": "lm_head.weight"}
@@ -103,68 +100,15 @@ def read_raw(folder: Path) -> dict[str, Any]:
 
 
 def read_config(folder: Path) -> ModelConfig:
-    """The ModelConfig of a Hugging Face LLaMA checkpoint folder.
+    """The ModelConfig of a Hugging Face checkpoint folder (tfrun.models.hf_config Note [config fields by effect]).
 
     Raises:
-        ModelError: one line naming config.json and the field: another architecture, a field we do not
-            implement (biases, another activation, dropout, an unsupported rope scaling), a missing or
-            inconsistent size.
+        ModelError: one line naming config.json and the field: a family tfrun does not read, a field whose value
+            changes the forward and that tfrun does not implement, a missing or inconsistent size.
     """
-    path = Path(folder) / CONFIG
-    raw = read_raw(folder)
-    if raw.get("model_type") != "llama":
-        arch = ", ".join(raw.get("architectures") or []) or "none given"
-        raise ModelError(f"{path}: model_type {raw.get('model_type')!r} (architectures: {arch}) is not a LLaMA "
-                         f"checkpoint; tfrun reads model_type 'llama'")
-    for key, value in raw.items():
-        if value is None or key in _MAPPED or key in _IGNORED:
-            continue
-        if key in _MUST_BE:
-            if value != _MUST_BE[key]:
-                raise ModelError(f"{path}: {key} = {json.dumps(value)} is not supported (tfrun's LLaMA needs "
-                                 f"{json.dumps(_MUST_BE[key])})")
-            continue
-        raise ModelError(f"{path}: field {key!r} is not supported by tfrun's LLaMA")
-    for key in _REQUIRED:
-        if not isinstance(raw.get(key), int) or isinstance(raw.get(key), bool):
-            raise ModelError(f"{path}: {key}: must be an integer, got {json.dumps(raw.get(key))}")
-    heads = raw["num_attention_heads"]
-    if raw.get("head_dim") is not None and raw["head_dim"] * heads != raw["hidden_size"]:
-        raise ModelError(f"{path}: head_dim {raw['head_dim']} x num_attention_heads {heads} != hidden_size "
-                         f"{raw['hidden_size']}: not supported")
-    theta, scaling = _rope(raw, path)
-    try:
-        return ModelConfig(
-            vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=heads,
-            n_kv_heads=raw.get("num_key_value_heads") or heads, ffn_dim=raw["intermediate_size"],
-            max_seq_len=raw.get("max_position_embeddings", 2048), rope_theta=float(theta),
-            norm_eps=float(raw.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            rope_scaling=scaling,
-        )
-    except (ModelError, TypeError) as exc:
-        raise ModelError(f"{path}: {exc}") from None
+    from tfrun.models import hf_config
 
-
-def _rope(raw: dict[str, Any], path: Path) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, scaling) from either transformers 4's rope_theta + rope_scaling or 5's rope_parameters."""
-    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if not isinstance(params, dict):
-        raise ModelError(f"{path}: rope_scaling: must be an object or null")
-    for key in params:
-        if key not in _ROPE_FIELDS:
-            raise ModelError(f"{path}: rope_scaling.{key} is not supported")
-    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
-        return theta, None
-    try:
-        scaling = RopeScaling(kind=kind, factor=float(params.get("factor", 1.0)),
-                              low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-                              high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-                              original_max_seq_len=int(params.get("original_max_position_embeddings", 8192)))
-    except (TfrunError, TypeError, ValueError) as exc:
-        raise ModelError(f"{path}: {exc}") from None
-    return theta, scaling
+    return hf_config.read_config(Path(folder) / CONFIG, read_raw(folder))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -253,12 +197,30 @@ def check(folder: Path, cfg: ModelConfig) -> None:
     used = {theirs for theirs, _ in needed.values()} | ({"lm_head.weight"} if cfg.tie_embeddings else set())
     for name in sorted(mapping):
         if name not in used and not name.endswith("rotary_emb.inv_freq"):
-            raise ModelError(f"{folder / mapping[name]}: tensor {name} has no place in tfrun's LLaMA (another "
+            raise ModelError(f"{folder / mapping[name]}: tensor {name} has no place in tfrun's model (another "
                              f"architecture, or biases config.json does not declare)")
     for file in sorted(set(mapping.values())):
         with _open(folder / file) as f:
             for theirs, shape in by_file.get(file, []):
                 _check_tensor(f, folder / file, theirs, shape)
+    head, embed = _TOP["head.weight"], _TOP["embed.weight"]
+    if cfg.tie_embeddings and head in mapping and not _same_tensor(folder, mapping, head, embed):
+        raise ModelError(f"{folder / mapping[head]}: config.json ties the LM head to the embedding "
+                         f"(tie_word_embeddings true), but {head} differs from {embed}: the checkpoint is not tied "
+                         f"in fact; set tie_word_embeddings to false to train them as two matrices")
+
+
+def _same_tensor(folder: Path, mapping: dict[str, str], a: str, b: str, rows: int = 4096) -> bool:
+    """Whether tensors `a` and `b` of the checkpoint hold the same values (compared `rows` rows at a time, so
+    that a 128K-row vocabulary is never read whole)."""
+    with _open(folder / mapping[a]) as fa, _open(folder / mapping[b]) as fb:
+        sa, sb = fa.get_slice(a), fb.get_slice(b)
+        if list(sa.get_shape()) != list(sb.get_shape()):
+            return False
+        for start in range(0, sa.get_shape()[0], rows):
+            if not torch.equal(sa[start:start + rows].float(), sb[start:start + rows].float()):
+                return False
+    return True
 
 
 # Note [stage-local loading]: a rank builds its stage on the meta device, allocates it (untouched memory is not

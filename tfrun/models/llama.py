@@ -31,6 +31,13 @@ class ModelError(TfrunError):
     """A model configuration or stage request the user can fix (bad sizes, stage index out of range)."""
 
 
+# Note [families]: the Hugging Face families tfrun reads (tfrun.models.hf_config) are one block with options, not
+# a copy each: LLaMA (attention_bias puts biases on q, k, v and o; mlp_bias on the MLP), Qwen2 (biases on q, k
+# and v only), Qwen3 (an RMSNorm over each head's queries and keys before the rotary embedding; heads wider than
+# dim / n_heads; attention_bias as LLaMA's) and Mistral (a sliding window). A sliding window is refused for
+# sequences longer than it rather than implemented: within its length it is inert, and fine-tuning sequences
+# (2-8K tokens) sit within Mistral's 4,096 and Qwen's 32K windows. Biases start at 0 and the q/k norms at 1, so
+# a model without them draws exactly the values it drew before they existed.
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
     """Shape of a LLaMA-style decoder. Parameters are float32; mixed precision is the trainer's business."""
@@ -56,25 +63,51 @@ class ModelConfig:
     norm_eps: float = 1e-5
     """Added to the mean square inside RMSNorm (dimensionless)."""
     tie_embeddings: bool = False
-    """Share the embedding matrix with the LM head; 1-stage models only, see Note [tied embeddings]."""
+    """Share the embedding matrix with the LM head (Note [tied embeddings])."""
+    # -- the options of the families (Note [families]) --
+    attn_head_dim: int | None = None
+    """Width of one attention head, in features; None: dim / n_heads (Qwen3's heads are wider than that)."""
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections (Qwen2; LLaMA's and Qwen3's attention_bias)."""
+    out_bias: bool = False
+    """A bias on the attention's output projection (LLaMA's and Qwen3's attention_bias)."""
+    mlp_bias: bool = False
+    """Biases on the MLP's three projections (LLaMA's mlp_bias)."""
+    qk_norm: bool = False
+    """RMSNorm over each head's queries and keys before the rotary embedding (Qwen3)."""
+    sliding_window: int | None = None
+    """Attention reaches back at most this many tokens (Mistral, Qwen2/3 with use_sliding_window): inert for
+    sequences up to it, the only ones a run may use (tfrun.config.train_config.TrainConfig.check)."""
+    family: str = "llama"
+    """The Hugging Face model_type of the shape (llama, qwen2, qwen3, mistral): an export writes it back."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise ModelError(f"{name}: must be > 0, got {getattr(self, name)}")
-        if self.dim % self.n_heads:
+        if self.attn_head_dim is None and self.dim % self.n_heads:
             raise ModelError(f"dim: must be divisible by n_heads={self.n_heads}, got {self.dim}")
+        if self.attn_head_dim is not None and self.attn_head_dim <= 0:
+            raise ModelError(f"head_dim: must be > 0, got {self.attn_head_dim}")
         if self.n_heads % self.n_kv_heads:
             raise ModelError(f"n_kv_heads: must divide n_heads={self.n_heads}, got {self.n_kv_heads}")
         if self.head_dim % 2:
-            raise ModelError(f"dim / n_heads: rotary embeddings need an even head width, got {self.head_dim}")
+            raise ModelError(f"head_dim: rotary embeddings need an even head width, got {self.head_dim}")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ModelError(f"rope_theta and norm_eps: must be > 0, got {self.rope_theta}, {self.norm_eps}")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ModelError(f"sliding_window: must be > 0, got {self.sliding_window}")
 
     @property
     def head_dim(self) -> int:
         """Width of one attention head, in features."""
-        return self.dim // self.n_heads
+        return self.attn_head_dim if self.attn_head_dim is not None else self.dim // self.n_heads
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest sequence a run may use: the rotary tables' reach, and a sliding window's (within which it
+        is inert)."""
+        return min(self.max_seq_len, self.sliding_window or self.max_seq_len)
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -167,20 +200,26 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Causal self-attention with grouped-query heads; (B, T, dim) -> (B, T, dim)."""
+    """Causal self-attention with grouped-query heads; (B, T, dim) -> (B, T, dim) through n_heads x head_dim
+    features; optional biases and per-head query/key norms (Note [families])."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=cfg.out_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        q = apply_rope(self.wq(x).view(b, t, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.wk(x).view(b, t, self.n_kv_heads, self.head_dim), cos, sin)
+        q = self.wq(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # over each head's features, before the rotation (Qwen3)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim)
         # GQA: query head h reads kv head h // rep, so repeat each kv head rep times -> (B, T, n_heads, hd).
         rep = self.n_heads // self.n_kv_heads
@@ -197,9 +236,9 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)  # gate
-        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)  # up
-        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)  # down
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=cfg.mlp_bias)  # gate
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=cfg.mlp_bias)  # up
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=cfg.mlp_bias)  # down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -290,6 +329,8 @@ class TransformerStage(nn.Module):
             for name, p in block.named_parameters():  # registration order: fixed, so draws are too
                 if name.endswith("norm.weight"):
                     p.fill_(1.0)
+                elif name.endswith(".bias"):  # (draws nothing: a model without biases draws as before)
+                    p.zero_()
                 else:
                     p.normal_(0.0, out_std if name in _RESIDUAL_OUT else INIT_STD, generator=gen)
         if self.norm is not None:
@@ -302,8 +343,9 @@ class TransformerStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x) if self.embed is not None else x  # (B, T) int64 -> (B, T, dim)
         t = h.shape[1]
-        if t > self.cfg.max_seq_len:
-            raise ModelError(f"sequence of {t} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
+        if t > self.cfg.max_tokens:
+            raise ModelError(f"sequence of {t} tokens exceeds the model's {self.cfg.max_tokens} (max_seq_len "
+                             f"{self.cfg.max_seq_len}, sliding_window {self.cfg.sliding_window})")
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
         for block in self.layers.values():
             h = block(h, cos, sin)

@@ -148,13 +148,10 @@ def _edit_config(folder, **changes):
     (folder / "config.json").write_text(json.dumps(raw))
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}, "model_type 'mistral'.*not a LLaMA"),
-    ({"attention_bias": True}, "attention_bias = true is not supported"),
+@pytest.mark.parametrize("changes, message", [  # (every field's rule: tests/tfrun/models/test_hf_config.py)
+    ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "model_type 'gpt2'.*not a family tfrun reads"),
     ({"hidden_act": "gelu"}, "hidden_act = \"gelu\" is not supported"),
-    ({"sliding_window": 4096}, "field 'sliding_window' is not supported"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_type 'yarn' is not supp"),
-    ({"head_dim": 16}, "head_dim 16 x num_attention_heads 4 != hidden_size 32"),
     ({"num_hidden_layers": "four"}, "num_hidden_layers: must be an integer"),
 ])
 def test_config_refusals(tmp_path, changes, message):
@@ -164,6 +161,44 @@ def test_config_refusals(tmp_path, changes, message):
     with pytest.raises(ModelError, match=message) as info:
         models.model_config(f"hf:{folder}")
     assert "config.json" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_tied_config_whose_file_holds_another_head_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "m"
+    make_llama(folder, layers=2, tied=True)
+    tensors = load_file(folder / hf.WEIGHTS)
+    assert "lm_head.weight" not in tensors  # save_pretrained stores a tied head once
+    save_file(tensors | {"lm_head.weight": tensors["model.embed_tokens.weight"].clone()}, folder / hf.WEIGHTS,
+              metadata={"format": "pt"})
+    models.check(f"hf:{folder}")  # a copy of the embedding: tied in fact
+    save_file(tensors | {"lm_head.weight": tensors["model.embed_tokens.weight"] + 1e-3}, folder / hf.WEIGHTS,
+              metadata={"format": "pt"})
+    with pytest.raises(ModelError, match="lm_head.weight differs from model.embed_tokens.weight: the checkpoint "
+                                         "is not tied in fact; set tie_word_embeddings to false"):
+        models.check(f"hf:{folder}")
+
+
+def test_biases_in_the_file_and_in_the_config_must_agree(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from tests.hf_models import make_family
+
+    folder = tmp_path / "q"
+    make_family(folder, "qwen2", layers=2)
+    models.check(f"hf:{folder}")
+    tensors = load_file(folder / hf.WEIGHTS)
+    save_file({k: v for k, v in tensors.items() if k != "model.layers.1.self_attn.k_proj.bias"}, folder / hf.WEIGHTS,
+              metadata={"format": "pt"})
+    with pytest.raises(ModelError, match="no tensor model.layers.1.self_attn.k_proj.bias"):
+        models.check(f"hf:{folder}")
+    llama = tmp_path / "l"
+    make_llama(llama, layers=2)
+    extra = load_file(llama / hf.WEIGHTS) | {"model.layers.0.self_attn.q_proj.bias": torch.zeros(32)}
+    save_file(extra, llama / hf.WEIGHTS, metadata={"format": "pt"})
+    with pytest.raises(ModelError, match="q_proj.bias has no place in tfrun's model.*biases config.json does not"):
+        models.check(f"hf:{llama}")
 
 
 def test_tensor_refusals(tmp_path):
