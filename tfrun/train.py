@@ -83,9 +83,9 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     loop = {"skipped_in_a_row": 0}  # Note [non-finite steps]; in the checkpoint
     if config.resume:
         start, metrics = checkpoint.load(out, r.pp_rank, modules, optimizer, batches, freezer, online, noise=noise,
-                                         step=config.resume_step, loop=loop)
+                                         step=config.resume_step, loop=loop, tie=r.tie)
     elif config.init_from is not None:
-        checkpoint.load_weights(Path(config.init_from), r.pp_rank, modules, config.num_ranks)
+        checkpoint.load_weights(Path(config.init_from), r.pp_rank, modules, config.num_ranks, tie=r.tie)
     if online is not None and rank == 0:
         print(online.describe(), flush=True)
 
@@ -174,7 +174,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         if control.after_step(step, last):
             checkpoint.save(out, r.pp_rank, step + 1, modules, optimizer, batches, freezer, metrics, online,
                             noise=noise, run=run_identity(config), keep=config.keep_checkpoints, dp=config.dp,
-                            loop=loop)
+                            loop=loop, tie=r.tie)
         if control.stopping:
             break
     progress.close()
@@ -188,17 +188,30 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     stats = _gather_stats(r)
     tensor_noise = _gather_tensor_noise(r)
     agree = r.replicas_agree()
+    tied = _tied_copies_agree(r)
     if rank != 0:
         return None
     summary = summarize.summarize(config, metrics, records, stats, online.record() if online is not None else None)
     if config.dp > 1:
         summary["replicas_froze_alike"] = agree
+    if tied is not None:
+        summary["tied_copies_agree"] = tied
     summary |= summarize.caveats(config, summary)
     (out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
     measure.write_outputs(out, config, summary, records, stats, spans, online.profile() if online else None)
     if noise.measured:
         measure.write_noise_tensors(out, config, tensor_noise)
     return summary
+
+
+def _tied_copies_agree(r: Rank) -> bool | None:
+    """A tied model split over stages: whether its two copies ended bit-identical on every replica, on every rank
+    (None for other models). Collective."""
+    if r.tie is None:
+        return None
+    flag = torch.tensor([float(r.tie.agree())], dtype=torch.float64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return flag.item() == 1.0
 
 
 def _stage_numel(config: TrainConfig) -> dict[int, int]:
@@ -292,15 +305,17 @@ def optimizer_step(r: Rank, config: TrainConfig, step: int, noise: NoiseMeter, l
                     losses_finite: bool | None) -> StepNorm:
     """The step's tail on this rank (timed as "optimizer"): the gradients averaged over the replicas
     (tfrun.distributed.rank Note [data-parallel reduction]), the noise scale's step gradient (tfrun.freeze.noise),
-    --grad-rescale, the global gradient norm and the step's finiteness (tfrun.optim.clipping Note [global
-    clipping]), and for a finite step --clip-grad-norm, a baseline's look at the gradients, the optimizer step at
-    `lr`, the baseline's look at the update; then zero_grad. Returns what the norm's all-reduce told every rank."""
+    --grad-rescale, a tied model's two copies summed (tfrun.distributed.tied), the global gradient norm and the
+    step's finiteness (tfrun.optim.clipping Note [global clipping]), and for a finite step --clip-grad-norm, a
+    baseline's look at the gradients, the optimizer step at `lr`, the baseline's look at the update; then
+    zero_grad. Returns what the norm's all-reduce told every rank."""
     r.reduce_gradients()
     noise.after_reduce(r.modules)
     if config.grad_rescale:
         _rescale(r.modules, r.state, config.num_microbatches)
+    r.tie_gradients()
     params = r.stage_params()
-    check = step_norm(params, config.num_stages, losses_finite=losses_finite, counts=r.dp_rank == 0,
+    check = step_norm(r.norm_params(), config.num_stages, losses_finite=losses_finite, counts=r.dp_rank == 0,
                       device=next(iter(params.values()))[0].device if params else torch.device("cpu"))
     if check.finite:  # Note [non-finite steps]: nothing non-finite reaches the optimizer
         if config.clip_grad_norm > 0:

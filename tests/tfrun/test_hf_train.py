@@ -68,10 +68,12 @@ def test_export_loads_in_transformers_with_the_trained_weights(setup):
     root, _, _, _, out = setup
     result = CliRunner().invoke(app, ["export", str(out), "--hf", str(root / "exported")])
     assert result.exit_code == 0, result.stderr
-    assert "exported untied" in result.stderr  # a tied model trained on two stages (Note [exported ties])
+    assert "untied" not in result.stderr  # a tied model trained on two stages stays tied (Note [exported ties])
+    assert json.loads((root / "exported" / "config.json").read_text())["tie_word_embeddings"] is True
     loaded = dict(LlamaForCausalLM.from_pretrained(root / "exported").named_parameters())
     original = dict(LlamaForCausalLM.from_pretrained(root / "ckpt").named_parameters())
     ours = merged_weights(out, 2, 6)
+    assert "head.weight" not in ours  # stored once, as the embedding
     assert {hf.hf_name(n) for n in ours} == set(loaded)
     for name, tensor in ours.items():
         assert torch.equal(loaded[hf.hf_name(name)], tensor), name

@@ -29,12 +29,13 @@ from torch import nn
 
 from tfrun.config.train_config import PLANNED, TrainConfig
 from tfrun.distributed.runtime import StepState, backward_microbatch, build_schedule, forward_microbatch, make_stage
+from tfrun.distributed.tied import TiedEmbedding
 from tfrun.errors import TfrunError
 from tfrun.freeze.candidates import candidates
 from tfrun.freeze.freezing import Freezer
 from tfrun.freeze.noise import NoiseMeter
 from tfrun.measure.timing import ActionTimer
-from tfrun.models import build, loss_fn
+from tfrun.models import build, loss_fn, model_config
 from tfrun.optim.optimizer import adamw
 
 
@@ -62,6 +63,8 @@ class Rank:
     optimizer: torch.optim.Optimizer
     noise: NoiseMeter
     """The gradient noise-scale meter of this rank's stages (tfrun.freeze.noise)."""
+    tie: TiedEmbedding | None = None
+    """A tied model split over stages: the tie of its two copies (tfrun.distributed.tied); None otherwise."""
     frozen_digest: object = field(default_factory=hashlib.sha256)
     """Running hash of what every step froze on this rank (record_frozen), to prove replicas agree."""
 
@@ -89,6 +92,16 @@ class Rank:
     def stage_params(self) -> dict[int, list[torch.nn.Parameter]]:
         """This rank's stages -> their trainable parameters (what the optimizer steps)."""
         return {s: [p for p in m.parameters() if p.requires_grad] for s, m in self.modules.items()}
+
+    def norm_params(self) -> dict[int, list[torch.nn.Parameter]]:
+        """stage_params as the global gradient norm counts them: a tied parameter once (tfrun.distributed.tied)."""
+        params = self.stage_params()
+        return self.tie.norm_params(params) if self.tie is not None else params
+
+    def tie_gradients(self) -> None:
+        """A tied model's two copies get the sum of their gradients (Note [tied embeddings across stages])."""
+        if self.tie is not None:
+            self.tie.reduce()
 
     def reduce_gradients(self) -> None:
         """The step's gradients averaged over the replicas, once (Note [data-parallel reduction])."""
@@ -130,6 +143,8 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None, freeze
     pp_rank, dp_rank, pp_group, dp_group = layout(config)
     local = [s for s, r in enumerate(config.stage_to_rank) if r == pp_rank]
     modules = {s: build(config.model, s, config.num_stages, config.seed, device=device) for s in local}
+    tie = TiedEmbedding(modules, config.num_stages, config.stage_to_rank, pp_rank, dp_rank, config.dp) \
+        if model_config(config.model).tie_embeddings and config.num_stages > 1 else None
     stage_candidates = {s: candidates(m) for s, m in modules.items()}
     noise = NoiseMeter(modules, stage_candidates, num_microbatches=config.num_microbatches,
                        microbatch_tokens=config.microbatch_size * config.seq_len, every=config.noise_every,
@@ -168,7 +183,7 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None, freeze
                       eps=config.adam_eps)
     return Rank(pp_rank=pp_rank, dp_rank=dp_rank, dp=config.dp, pp_group=pp_group, dp_group=dp_group,
                 modules=modules, freezer=freezer, timer=timer, state=state, runtime=runtime, optimizer=optimizer,
-                noise=noise)
+                noise=noise, tie=tie)
 
 
 def planned_ratios(config: TrainConfig, stages: list[int]) -> dict[tuple[int, int], float]:

@@ -274,11 +274,11 @@ def _generator(seed: int, key: str, device: torch.device) -> torch.Generator:
     return gen
 
 
-# Note [tied embeddings]: a tied head shares one tensor with the embedding, but in a pipeline the embedding
-# lives on the first stage and the head on the last, in different processes. Keeping them tied would need an
-# extra all-reduce of the two gradients every step. We untie instead for num_stages > 1: the head starts as
-# an exact copy of the embedding (same generator), so the forward pass at step 0 equals the 1-stage model's,
-# but the two matrices then train separately. A 1-stage model keeps them tied (one parameter, embed.weight).
+# Note [tied embeddings]: a tied head shares one tensor with the embedding. A 1-stage model holds one parameter
+# (embed.weight, which the head reads). In a pipeline the embedding lives on the first stage and the head on the
+# last, in different processes: each holds a copy, the head's starting as an exact copy of the embedding (the
+# same generator, or the checkpoint's embedding), and tfrun.distributed.tied keeps the two one parameter (their
+# gradients summed every step, stored once: Note [tied embeddings across stages] there).
 class TransformerStage(nn.Module):
     """One pipeline stage: [embedding] -> blocks layer_ids -> [final norm -> LM head].
 

@@ -105,10 +105,12 @@ def _write_durable(path: Path, write) -> tuple[int, str]:
 
 def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, freezer, metrics: list[dict],
          online=None, *, noise=None, run: dict[str, Any] | None = None, keep: int = 0, dp: int = 1,
-         loop: dict | None = None) -> None:
+         loop: dict | None = None, tie=None) -> None:
     """Save this pipeline rank's state for resuming at `step` (steps completed); every process calls it (Note
     [checkpoint commit]), replica 0 of each pipeline rank writes. `run` is the run's identity for the index;
-    `keep` the complete checkpoints to keep (0: all); `dp` the replicas; `loop` the training loop's own state.
+    `keep` the complete checkpoints to keep (0: all); `dp` the replicas; `loop` the training loop's own state;
+    `tie` a tied model's tie (tfrun.distributed.tied): its head's copy is left out (stored once, on the first
+    stage's rank).
 
     Raises:
         TfrunError: a weight or optimizer state that is not finite (tfrun.train Note [non-finite steps]:
@@ -130,8 +132,8 @@ def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, fre
         raise TfrunError(f"cannot create checkpoint folder {path.parent}: {exc.strerror or exc}") from None
     state = {
         "step": step,
-        "models": {s: m.state_dict() for s, m in modules.items()},
-        "optimizer": optimizer.state_dict(),
+        "models": _models_state(modules, tie),
+        "optimizer": _optimizer_state(optimizer, tie),
         "data": batches.state_dict(),
         "freezer": freezer.state_dict(),
         "metrics": metrics if rank == 0 else None,
@@ -153,6 +155,42 @@ def save(out: Path, rank: int, step: int, modules: dict, optimizer, batches, fre
     _write_durable(folder(out, step) / "index.json", lambda f: f.write((json_text(index) + "\n").encode()))
     write_json_atomic(Path(out) / "checkpoints" / "latest.json", {"step": step, "world_size": pipeline_ranks})
     prune(out, step, keep)
+
+
+def _models_state(modules: dict, tie) -> dict:
+    """Every stage's state dict, a tied head's copy left out (Note [tied embeddings across stages])."""
+    states = {s: m.state_dict() for s, m in modules.items()}
+    for s, name in (tie.head_copy.items() if tie is not None else ()):
+        del states[s][name]
+    return states
+
+
+def _optimizer_state(optimizer, tie) -> dict:
+    """The optimizer's state dict, without the state of a tied head's copy."""
+    state = optimizer.state_dict()
+    if tie is not None and tie.head is not None:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        state["state"].pop(next(i for i, p in enumerate(params) if p is tie.head), None)
+    return state
+
+
+def _load_models(modules: dict, saved: dict, tie, where: str) -> None:
+    """Load every stage's state; a tied head's copy, which the checkpoint leaves out, is filled by `tie.restore`
+    afterwards. A checkpoint that holds the copy was trained with the two apart (before tfrun kept ties across
+    stages): refused, since going on would change the model."""
+    copies = tie.head_copy if tie is not None else {}
+    for s, module in modules.items():
+        state = dict(saved[s])
+        if s in copies:
+            if copies[s] in state:
+                raise TfrunError(f"{where}: this checkpoint trained the tied embedding and LM head as two matrices "
+                                 f"(written before tfrun kept ties across stages); export it (`tfrun export`, it "
+                                 f"comes out untied) and start from the export with tie_word_embeddings false")
+            state[copies[s]] = module.state_dict()[copies[s]]  # (placeholder: restore() fills it)
+        missing, unexpected = module.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise TfrunError(f"{where}: stage {s} does not match (missing {missing[:2]}, unexpected "
+                             f"{unexpected[:2]}): another model or split")
 
 
 def prune(out: Path, step: int, keep: int) -> list[int]:
@@ -179,9 +217,10 @@ def _step_folders(out: Path) -> list[tuple[int, Path]]:
 
 
 def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer, online=None, *, noise=None,
-         step: int | None = None, loop: dict | None = None) -> tuple[int, list[dict]]:
+         step: int | None = None, loop: dict | None = None, tie=None) -> tuple[int, list[dict]]:
     """Restore this rank's state from checkpoint `step` (chosen by tfrun.cli.setup; None: latest.json's), the
-    training loop's own state into `loop`; returns (next step, metrics so far)."""
+    training loop's own state into `loop`, a tied head's copy from the first stage's rank (`tie`; collective);
+    returns (next step, metrics so far)."""
     if step is None:
         latest = read_latest(Path(out))
         if latest is None:
@@ -191,9 +230,10 @@ def load(out: Path, rank: int, modules: dict, optimizer, batches, freezer, onlin
         state = torch.load(_rank_file(out, step, rank), weights_only=False)
     except (OSError, RuntimeError, EOFError) as exc:
         raise TfrunError(f"--resume: cannot read {_rank_file(out, step, rank)}: {exc}") from None
-    for s, module in modules.items():
-        module.load_state_dict(state["models"][s])
+    _load_models(modules, state["models"], tie, f"--resume {out}")
     optimizer.load_state_dict(state["optimizer"])
+    if tie is not None:
+        tie.restore(optimizer)
     batches.load_state_dict(state["data"])
     freezer.load_state_dict(state["freezer"])
     if online is not None and state.get("online") is not None:
@@ -365,9 +405,10 @@ def _legacy(out: Path, step: int, latest: dict[str, int], world_size: int) -> tu
                       f"are not verified"]
 
 
-def load_weights(src: Path, rank: int, modules: dict, pipeline_ranks: int) -> int:
+def load_weights(src: Path, rank: int, modules: dict, pipeline_ranks: int, tie=None) -> int:
     """--init-from: this pipeline rank's stage weights from run `src`'s newest complete checkpoint (nothing
-    else: the optimizer, data position and freezer start fresh); returns the step they were saved at.
+    else: the optimizer, data position and freezer start fresh; a tied head's copy from the first stage's rank,
+    `tie`, collective); returns the step they were saved at.
 
     Raises:
         TfrunError: no checkpoint there, or one of another pipeline split (ranks, stages, model).
@@ -382,12 +423,11 @@ def load_weights(src: Path, rank: int, modules: dict, pipeline_ranks: int) -> in
         state = torch.load(_rank_file(src, latest["step"], rank), weights_only=False)
     except (OSError, RuntimeError, EOFError) as exc:
         raise TfrunError(f"--init-from: cannot read {_rank_file(src, latest['step'], rank)}: {exc}") from None
-    for s, module in modules.items():
+    for s in modules:
         if s not in state["models"]:
             raise TfrunError(f"--init-from {src}: rank {rank} holds stages {sorted(state['models'])} there, "
                              f"stage {s} here: another pipeline split")
-        missing, unexpected = module.load_state_dict(state["models"][s], strict=False)
-        if missing or unexpected:
-            raise TfrunError(f"--init-from {src}: stage {s} does not match (missing {missing[:2]}, unexpected "
-                             f"{unexpected[:2]}): another model or split")
+    _load_models(modules, state["models"], tie, f"--init-from {src}")
+    if tie is not None:
+        tie.restore(None)
     return int(latest["step"])

@@ -7,10 +7,11 @@ The weights come from one verified checkpoint (the newest that verifies, or --st
 optimizer's. config.json is the source checkpoint's (for an hf:DIR run) or made from the named size's shape.
 Tensors are written in float32, the dtype the run trained them in.
 
-Note [exported ties]: a tied config trained on more than one stage has two matrices (tfrun.models.llama Note
-[tied embeddings]): the run's head is not its embedding any more. The export is then untied
-(tie_word_embeddings false, lm_head.weight written) so that it holds exactly the trained model; a 1-stage run
-stays tied.
+Note [exported ties]: a tied model is exported tied (tie_word_embeddings true, the matrix written once as the
+embedding): a run keeps its two stages' copies one (tfrun.distributed.tied) and its checkpoints store it once.
+A checkpoint that holds a head apart from its embedding (made before tfrun kept ties across stages) is exported
+untied (tie_word_embeddings false, lm_head.weight written), with a warning, so that the export holds exactly the
+trained model.
 """
 
 from __future__ import annotations
@@ -141,10 +142,10 @@ def export_hf(run_dir: str, out: str, *, step: int | None = None,
     cfg = model_config(config.model)
     chosen, warnings = _checkpoint_step(run, config.num_ranks, step)
     ours = merged_weights(run, config.num_ranks, chosen)
-    tied = cfg.tie_embeddings and config.num_stages == 1
+    tied = cfg.tie_embeddings and ("head.weight" not in ours or torch.equal(ours["head.weight"], ours["embed.weight"]))
     if cfg.tie_embeddings and not tied:
-        warnings.append("the tied embedding and LM head trained as two matrices on different stages: exported "
-                        "untied (tie_word_embeddings false)")
+        warnings.append("the tied embedding and LM head trained as two matrices on different stages (a run made "
+                        "before tfrun kept ties across stages): exported untied (tie_word_embeddings false)")
     names = [n for n in ours if not (tied and n == "head.weight")]
     tensors = {hf.hf_name(n): ours[n].detach().to(torch.float32).contiguous() for n in names}
     shards = _shards(tensors, max_shard_bytes)
