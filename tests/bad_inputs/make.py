@@ -160,7 +160,7 @@ def tokens() -> None:
 
 
 def hf_checkpoints() -> None:
-    """Hugging Face LLaMA folders, each broken in one way: a 2-layer model of the tiny vocabulary, written
+    """Hugging Face checkpoint folders, each broken in one way: a 2-layer model of the tiny vocabulary, written
     from our own stage with Hugging Face's names (tfrun.models.hf), sharded one tensor group per file."""
     import torch
     from safetensors.torch import save_file
@@ -189,8 +189,13 @@ def hf_checkpoints() -> None:
 
     second = "model-00002-of-00002.safetensors"
     key = "model.layers.1.mlp.up_proj.weight"
-    folder("other-architecture", config=cfg | {"model_type": "mistral", "architectures": ["MistralForCausalLM"],
-                                                "sliding_window": 4096})
+    folder("other-architecture", config=cfg | {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]})
+    embed = "model.embed_tokens.weight"  # a tied config whose file holds a head of its own: not tied in fact
+    folder("tied-not-tied", lambda shards: shards["model-00001-of-00002.safetensors"].update(
+        {"lm_head.weight": tensors[embed] + 0.01}), config=cfg | {"tie_word_embeddings": True})
+    folder("undeclared-biases", lambda shards: shards["model-00001-of-00002.safetensors"].update(
+        {"model.layers.0.self_attn.q_proj.bias": torch.zeros(8)}))
+    folder("odd-head-dim", config=cfg | {"head_dim": 3})
     folder("wrong-shape", lambda shards: shards[second].update({key: torch.zeros(16, 4)}))
     folder("wrong-dtype", lambda shards: shards[second].update({key: torch.zeros(16, 8, dtype=torch.int32)}))
     folder("missing-shard")

@@ -33,10 +33,10 @@ measure])."""
 DEFAULT_NOISE_MEASURE = "sequence"
 """Chosen by measurement: docs/cost-model.md, "Which noise estimator"."""
 DEFAULT_NOISE_WINDOW = 8
+"""Measured steps the window estimators keep by default (fewer when the run measures fewer)."""
 MIN_JACKKNIFE = 3
 """Measured steps in a window below which a stage's noise spread is not estimated (--noise-replan-z needs a
 window this long: tfrun.freeze.noise_estimators Note [noise gate])."""
-"""Measured steps the window estimators keep by default (fewer when the run measures fewer)."""
 APF_STABLE_SHARE = 0.5
 """Default share of a tensor's scalars that must be stable for APF to freeze it (tfrun.freeze.baselines Note [apf
 share]; measured in docs/results.md)."""
@@ -84,8 +84,7 @@ class TrainConfig:
     """Unfreeze a tensor that got no gradient for this many steps (0 = off; tfrun.freeze.freezing Note [stale
     guard])."""
     model: str = "tiny"
-    """Named model size (tfrun.models.MODELS) or `hf:DIR`, a Hugging Face LLaMA checkpoint folder (tfrun.models.hf;
-    made absolute by tfrun.cli.setup)."""
+    """Named model size (tfrun.models.MODELS) or `hf:DIR`, a Hugging Face checkpoint folder (made absolute)."""
     model_hash: str | None = None
     """hf: models: sha256 of the checkpoint's config.json (provenance compares it like a model name); set by
     tfrun.cli.setup and tfrun.cli.profiling."""
@@ -94,9 +93,8 @@ class TrainConfig:
     seed: int = 0
     """Initialisation, data order and freeze selection seed."""
     freeze_seed: int | None = None
-    """Which micro-batches and tensors freeze (the freezer's draws; tfrun.freeze.freezing); None: `seed`. Runs
-    of one `seed` and other freeze seeds see the same data and start from the same weights: the scatter of
-    "which micro-batches" alone (tfrun.records.efficiency)."""
+    """Which micro-batches and tensors freeze (the freezer's draws); None: `seed`. Runs of one `seed` with other
+    freeze seeds see the same data from the same weights: the scatter of "which micro-batches" alone."""
     out_dir: str = "runs/latest"
     """Where metrics.jsonl, summary.json, profile.json and checkpoints go."""
     microbatch_size: int = 4
@@ -310,9 +308,8 @@ class TrainConfig:
         if self.seq_len > cfg.max_seq_len:
             raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len {cfg.max_seq_len}")
         if cfg.sliding_window is not None and self.seq_len > cfg.sliding_window:
-            raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s sliding_window "
-                             f"{cfg.sliding_window}: tfrun's attention sees the whole sequence, which equals a "
-                             f"sliding window only up to its length; use --seq-len {cfg.sliding_window} or less")
+            raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s sliding_window {cfg.sliding_window}"
+                             f" (tfrun attends to the whole sequence, a sliding window's equal only up to its length)")
         for name in ("steps", "microbatch_size", "seq_len", "redraw_every", "eval_batches", "threads",
                      "apf_check_every", "autofreeze_check_every", "dp"):
             if getattr(self, name) < 1:

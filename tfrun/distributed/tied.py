@@ -17,7 +17,8 @@ embeddings]: they start equal), and the copies are kept one parameter, as Megatr
   * checkpoints store it once, on the first stage's rank: the last stage's rank file leaves out the head's
     weight and its optimizer state, and a resume (or --init-from) fills them from the first stage's rank
     (`restore`); an export writes it once (tie_word_embeddings true: tfrun.records.export).
-Freezing (Note [tied freezing]): each stage's freezer decides for its own use, as for any tensor of that stage:
+
+Note [tied freezing]: each stage's freezer decides for its own use, as for any tensor of that stage:
 the head's copy is frozen in a micro-batch when the last stage's plan freezes it there (skipping the head's
 weight-gradient matmul, the expensive half), the embedding's when the first stage's does. The tied parameter's
 gradient is the sum of the uses that were not frozen, over the micro-batches: the per-micro-batch rule of

@@ -1,11 +1,12 @@
-"""What a run can train: our LLaMA-style decoder at a named size (tfrun.models.llama), or a Hugging Face LLaMA
-checkpoint (`hf:DIR`, tfrun.models.hf). `model_config` and `build` are the one place a model name becomes a
+"""What a run can train: our LLaMA-style decoder at a named size (tfrun.models.llama), or a Hugging Face checkpoint
+of the LLaMA, Qwen2, Qwen3 or Mistral family (`hf:DIR`, tfrun.models.hf). `model_config` and `build` are the one place a model name becomes a
 shape and a stage module; tfrun.distributed.rank builds every rank's stages through `build`.
 
 Read in this order:
   rope.py    rotary position tables, with LLaMA 3's and linear scaling (Note [rope precision])
-  llama.py   the decoder, split into stages: a stage module reads top to bottom
-  hf.py      a Hugging Face LLaMA checkpoint's config and weights, each rank loading its own stage only
+  llama.py   the decoder, split into stages: a stage module reads top to bottom; the families as options
+  hf_config.py  a Hugging Face config.json, read by what each field does to the forward
+  hf.py      a Hugging Face checkpoint's weights, each rank loading its own stage only
 (Weights out, as a Hugging Face checkpoint: tfrun.records.export.)
 
     from tfrun import models

@@ -184,8 +184,8 @@ def _short(value: Any) -> str:
 @functools.lru_cache(maxsize=64)
 def _warn_once(path: str, names: tuple[str, ...]) -> None:
     """One warning per (file, unknown fields) in a process: every rank and tool reads the config again."""
-    log.warning("%s: ignoring fields tfrun does not know: %s (none names a part of the forward; Note [config "
-                "fields by effect] in tfrun.models.hf_config)", path, ", ".join(names))
+    log.warning("%s: ignoring fields tfrun does not know: %s (none names a part of the forward: "
+                "tfrun.models.hf_config)", path, ", ".join(names))
 
 
 def _rope(raw: dict[str, Any], path: Path) -> tuple[float, RopeScaling | None]:

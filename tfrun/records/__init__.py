@@ -8,6 +8,7 @@ Read in this order:
   tensorboard.py  `--tensorboard`: the metrics rows as TensorBoard scalars
   frozen_sets.py  frozen_sets.jsonl: what every action of every step froze (for `tfrun retime`)
   paired.py       the gap at equal time on the time axis `tfrun retime` measured side by side
+  efficiency.py   learning efficiency from loss curves: unfrozen steps to the same eval loss over a run's steps
   compare.py      `tfrun compare`: methods side by side at equal time (and, --paired, on that axis)
   export.py       `tfrun export`: a run's weights as a Hugging Face checkpoint
 """
