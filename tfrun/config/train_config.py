@@ -308,8 +308,8 @@ class TrainConfig:
         if self.seq_len > cfg.max_seq_len:
             raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len {cfg.max_seq_len}")
         if cfg.sliding_window is not None and self.seq_len > cfg.sliding_window:
-            raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s sliding_window {cfg.sliding_window}"
-                             f" (tfrun attends to the whole sequence, a sliding window's equal only up to its length)")
+            raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s sliding_window "
+                             f"{cfg.sliding_window} (tfrun attends to whole sequences: a window's equal up to it)")
         for name in ("steps", "microbatch_size", "seq_len", "redraw_every", "eval_batches", "threads",
                      "apf_check_every", "autofreeze_check_every", "dp"):
             if getattr(self, name) < 1:

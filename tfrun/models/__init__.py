@@ -1,6 +1,7 @@
 """What a run can train: our LLaMA-style decoder at a named size (tfrun.models.llama), or a Hugging Face checkpoint
-of the LLaMA, Qwen2, Qwen3 or Mistral family (`hf:DIR`, tfrun.models.hf). `model_config` and `build` are the one place a model name becomes a
-shape and a stage module; tfrun.distributed.rank builds every rank's stages through `build`.
+of the LLaMA, Qwen2, Qwen3 or Mistral family (`hf:DIR`, tfrun.models.hf). `model_config` and `build` are the one
+place a model name becomes a shape and a stage module; tfrun.distributed.rank builds every rank's stages through
+`build`.
 
 Read in this order:
   rope.py    rotary position tables, with LLaMA 3's and linear scaling (Note [rope precision])
