@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from tfrun.config.train_config import TrainConfig
-from tfrun.data import Batches, eval_batches, rank_tokens, split_tokens
+from tfrun.data import IGNORE, Batches, MaskedTokens, eval_batches, rank_tokens, split_tokens
 from tfrun.distributed.rank import Rank, build_rank, replica_rows
 from tfrun.distributed.runtime import StepState, evaluate_forward
 from tfrun.distributed.signals import StepControl, StopRequest
@@ -70,7 +70,8 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     train_tokens, val_tokens = split_tokens(tokens)
     batches = Batches(train_tokens, global_batch=config.global_batch, seq_len=config.seq_len, seed=config.seed)
     m = config.num_microbatches
-    evals = [(replica_rows(x, m, r.dp, r.dp_rank), replica_rows(y, m, r.dp, r.dp_rank))
+    masked = isinstance(tokens, MaskedTokens)  # chat data: the loss counts the answers only (tfrun.data.chat)
+    evals = [(replica_rows(x, m, r.dp, r.dp_rank), replica_rows(y, m, r.dp, r.dp_rank), _counted(y, m, r.dp, masked))
              for x, y in eval_batches(val_tokens, batch_size=config.global_batch, seq_len=config.seq_len,
                                       num_batches=config.eval_batches)]
     out = Path(config.out_dir)
@@ -95,7 +96,8 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         state.freezing, timer.enabled, state.evaluating = False, False, True
         mine: list[float] = []
         with torch.no_grad():
-            for x, y in evals:
+            for x, y, counted in evals:
+                state.loss_tokens = counted
                 losses: list = []
                 evaluate_forward(runtime, *((x.to(device),) if has_first else ()),
                                  **({"target": y.to(device), "losses": losses} if has_last else {}))
@@ -118,8 +120,10 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
     for step in range(start, config.steps):
         if fault_hook is not None:
             fault_hook(step)
-        x, y = (replica_rows(t, m, r.dp, r.dp_rank) for t in batches.batch_at(step))
+        batch = batches.batch_at(step)
+        x, y = (replica_rows(t, m, r.dp, r.dp_rank) for t in batch)
         state.begin(step)
+        state.loss_tokens = _counted(batch[1], m, r.dp, masked)
         noise.begin_step(step, force=online is not None and online.measures_noise(step))
         events = online.before_step(step) if online is not None else []
         losses: list = []
@@ -231,6 +235,12 @@ def _gather_stats(r: Rank) -> list[dict] | None:
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(rows, parts, dst=0)
     return None if parts is None else [row for part in parts for row in part]
+
+
+def _counted(targets: torch.Tensor, m: int, dp: int, masked: bool) -> float | None:
+    """StepState.loss_tokens of a global batch's targets: its counted targets over its micro-batches and replicas
+    (at least one target's worth, for a window without an answer); None for data where every target counts."""
+    return max(1, int((targets != IGNORE).sum())) / (m * dp) if masked else None
 
 
 # Note [eval losses]: an evaluation records, beside its mean, the loss of every eval micro-batch of every

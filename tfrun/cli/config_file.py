@@ -32,7 +32,7 @@ from tfrun.errors import TfrunError
 RESOLVED = "config.toml"
 """The resolved configuration a run writes into its folder."""
 SKIPPED = ("config", "resume")
-DATA_GROUP = ("tokenizer", "token_dtype")
+DATA_GROUP = ("tokenizer", "token_dtype", "chat_template", "chat_loss")
 """Options that describe --data (Note [resumed data]): taken from a resumed run's file only with its --data."""
 """Options a configuration file does not set (the file itself; which run to resume is the command's)."""
 

@@ -155,7 +155,8 @@ def _check_data(config: TrainConfig, cache_dir: str):
     from tfrun.models import model_config
 
     stream = open_stream(config.data_path, tokenizer_path=config.tokenizer_path, token_dtype=config.token_dtype,
-                         model_vocab=model_config(config.model).vocab_size, cache_dir=cache_dir)
+                         model_vocab=model_config(config.model).vocab_size, cache_dir=cache_dir,
+                         chat_template=config.chat_template, chat_loss=config.chat_loss)
     where = stream.where
     train, val = split_tokens(stream.tokens)  # views: no copy
     try:

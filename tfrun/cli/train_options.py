@@ -61,6 +61,11 @@ OPTIONS: tuple[Option, ...] = (
       "or 'stdlib' (Python source; default: CPython's pydoc topics)."),
     O(name="tokenizer", type=str | None, default=None, panel=MODEL, to="tokenizer_path", help="A tokenizer.json "
       "(Hugging Face tokenizers) for text --data; tokenized once and cached. Default: bytes (vocabulary 256)."),
+    O(name="chat_template", type=str | None, default=None, panel=MODEL, help="Chat data (jsonl rows of messages, or "
+      "prompt/completion): the chat template, a .jinja file or a tokenizer_config.json (default: the one beside "
+      "--tokenizer)."),
+    O(name="chat_loss", type=str, default="assistant", panel=MODEL, help="Chat data: the tokens the loss counts: "
+      "assistant (the answers and their end-of-turn tokens) or all."),
     O(name="token_dtype", type=str, default="uint16", panel=MODEL,
       help="Ids of a --data FILE.bin: uint16 (nanoGPT's layout) or uint32."),
     O(name="token_cache", type=str | None, default=None, panel=MODEL, to="token_cache_dir",

@@ -156,6 +156,10 @@ class TrainConfig:
     Set by tfrun.cli.setup."""
     tokenizer_path: str | None = None
     """--tokenizer: a tokenizer.json the text data is tokenized with (tfrun.data.tokenized); None: bytes."""
+    chat_template: str | None = None
+    """Chat data: the template file (a .jinja or a tokenizer_config.json); None: the one beside --tokenizer."""
+    chat_loss: str = "assistant"
+    """Chat data: which tokens the loss counts: assistant (the answers: tfrun.data.chat) or all."""
     token_dtype: str = "uint16"
     """--token-dtype of a --data FILE.bin: uint16 or uint32 little-endian ids (tfrun.data.tokenfile)."""
     precision: str = "auto"
@@ -288,105 +292,15 @@ class TrainConfig:
             raise TfrunError(f"{path}: {exc}") from None
 
     def check(self) -> None:
-        """Validate the settings a user chooses (one clear line per problem)."""
-        from tfrun.models import model_config
+        """Validate the settings a user chooses (one clear line per problem: tfrun.config.checks)."""
+        from tfrun.config.checks import check
 
-        if self.freeze not in FREEZE_MODES:
-            raise TfrunError(f"--freeze must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}")
-        if self.freeze_policy not in FREEZE_POLICIES:
-            raise TfrunError(f"--freeze-policy must be one of {', '.join(FREEZE_POLICIES)}, "
-                             f"got {self.freeze_policy!r}")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise TfrunError(f"--precision must be auto, fp32 or bf16, got {self.precision!r}")
-        if self.freeze_method not in ("detach", "grad"):
-            raise TfrunError(f"--freeze-method must be detach or grad, got {self.freeze_method!r}")
-        cfg = model_config(self.model)
-        if cfg.n_layers < self.num_stages:
-            raise TfrunError(
-                f"model {self.model} has {cfg.n_layers} layers, fewer than the plan's {self.num_stages} stages"
-            )
-        if self.seq_len > cfg.max_seq_len:
-            raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len {cfg.max_seq_len}")
-        if cfg.sliding_window is not None and self.seq_len > cfg.sliding_window:
-            raise TfrunError(f"--seq-len {self.seq_len} exceeds model {self.model}'s sliding_window "
-                             f"{cfg.sliding_window} (tfrun attends to whole sequences: a window's equal up to it)")
-        for name in ("steps", "microbatch_size", "seq_len", "redraw_every", "eval_batches", "threads",
-                     "apf_check_every", "autofreeze_check_every", "dp"):
-            if getattr(self, name) < 1:
-                raise TfrunError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("ramp_steps", "eval_every", "checkpoint_every", "timing_warmup_steps", "max_stale_steps",
-                     "warmup_steps", "monitor_steps", "probe_steps", "noise_every"):
-            if getattr(self, name) < 0:
-                raise TfrunError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise TfrunError(f"--lr must be > 0, got {self.lr}")
-        self._check_recipe()
-        if not 0 < self.apf_threshold < 1 or not 0 <= self.apf_ema < 1 or not 0 < self.autofreeze_percentile < 100:
-            raise TfrunError("--apf-threshold must be in (0, 1), --apf-ema in [0, 1), --autofreeze-percentile in "
-                             "(0, 100)")
-        if not 0 < self.apf_stable_share <= 1:
-            raise TfrunError(f"--apf-stable-share must be in (0, 1], got {self.apf_stable_share:g}")
-        if self.init_from is not None and self.resume:
-            raise TfrunError("--init-from starts a new run from another run's weights; --resume continues a run: "
-                             "give one")
-        if not 0 <= self.checkpoint_minutes < float("inf"):
-            raise TfrunError(f"--checkpoint-minutes must be >= 0, got {self.checkpoint_minutes:g}")
-        if self.keep_checkpoints == 1 or self.keep_checkpoints < 0:
-            raise TfrunError(f"--keep-checkpoints must be 0 (keep all) or >= 2 (so that a damaged newest checkpoint "
-                             f"has a predecessor), got {self.keep_checkpoints}")
-        if self.freeze == "timely":
-            if self.plan_path is None and (self.monitor_steps < 2 or self.probe_steps < 1):
-                raise TfrunError("--freeze timely needs --monitor-steps >= 2 and --probe-steps >= 1 (or a --plan)")
-            if self.monitor_steps + self.probe_steps > KEPT_STEPS or self.replan_window > KEPT_STEPS:
-                raise TfrunError(f"--monitor-steps + --probe-steps and --replan-window must each be at most "
-                                 f"{KEPT_STEPS} (the steps whose timings a rank keeps)")
-            if self.replan_window < 2 or not 0 < self.replan_threshold:
-                raise TfrunError(f"--replan-window must be >= 2 and --replan-threshold > 0, got "
-                                 f"{self.replan_window} and {self.replan_threshold:g}")
-            if not 0 <= self.noise_replan_z < float("inf"):
-                raise TfrunError(f"--noise-replan-z must be a finite number >= 0, got {self.noise_replan_z:g}")
-            if self.noise_replan_z > 0 and (self.objective != "goodput" or self.noise_estimator == "ema"
-                                            or self.noise_window_steps() < MIN_JACKKNIFE):
-                raise TfrunError(f"--noise-replan-z gates noise re-plans: it needs --objective goodput and "
-                                 f"--noise-estimator median or winsor over a window of at least {MIN_JACKKNIFE} "
-                                 f"measured steps, got --objective {self.objective}, {self.noise_estimator}, "
-                                 f"window {self.noise_window_steps()}")
-            if len(self.max_freeze_ratio) not in (1, self.num_stages) or not all(
-                    0 <= c <= 1 for c in self.max_freeze_ratio):
-                raise TfrunError(f"--max-freeze-ratio: one cap or one per stage ({self.num_stages}), each in [0, 1]")
+        check(self)
 
     def lr_at(self) -> LrSchedule:
         """The run's learning-rate schedule (tfrun.optim.lr_schedule)."""
         return LrSchedule(name=self.lr_schedule, total_steps=self.steps, warmup_steps=self.lr_warmup_steps,
                           min_ratio=self.lr_min_ratio, decay_fraction=self.lr_decay_fraction)
-
-    def _check_recipe(self) -> None:
-        """The optimizer's settings, the schedule and the non-finite guard (one line naming the option)."""
-        problem = self.lr_at().problem()
-        if problem is not None:
-            raise TfrunError(problem)
-        for name in ("clip_grad_norm", "weight_decay"):
-            value = getattr(self, name)
-            if not 0 <= value < float("inf"):  # (NaN fails too)
-                raise TfrunError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
-        if not 0 < self.adam_eps < float("inf"):
-            raise TfrunError(f"--adam-eps must be a finite number > 0, got {self.adam_eps}")
-        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
-            raise TfrunError(f"--adam-betas must be two numbers B1,B2 in [0, 1), got {list(self.adam_betas)}")
-        if self.noise_estimator not in NOISE_ESTIMATORS:
-            raise TfrunError(f"--noise-estimator must be one of {', '.join(NOISE_ESTIMATORS)}, got "
-                             f"{self.noise_estimator!r}")
-        if self.noise_measure not in NOISE_MEASURES:
-            raise TfrunError(f"--noise-measure must be one of {', '.join(NOISE_MEASURES)}, got "
-                             f"{self.noise_measure!r}")
-        measured = self._measured_steps()
-        if self.noise_window < 0 or (measured is not None and self.noise_window > measured):
-            raise TfrunError(f"--noise-window must be in [0, the run's measured steps] ({measured}: --steps "
-                             f"{self.steps}, --noise-every {self.noise_every}), got {self.noise_window}")
-        if self.on_nonfinite not in ("stop", "skip"):
-            raise TfrunError(f"--on-nonfinite must be stop or skip, got {self.on_nonfinite!r}")
-        if self.max_skipped_steps < 1:
-            raise TfrunError(f"--max-skipped-steps must be >= 1, got {self.max_skipped_steps}")
 
     def noise_window_steps(self) -> int:
         """The window estimators' length in measured steps (--noise-window, or its default)."""

@@ -1,8 +1,10 @@
 """What a run can read, one module per source, all ending in one token stream:
 
   text.py        the built-in corpora (pydoc topics, `stdlib`) or one text file, as bytes (vocabulary 256)
-  tokenized.py   a text file, a `.jsonl` file (`text` fields) or a folder of them through `--tokenizer
-                 tokenizer.json`, tokenized once and cached (Note [token cache])
+  tokenized.py   a text file, a `.jsonl` file (`text` fields, or chat rows) or a folder of them through
+                 `--tokenizer tokenizer.json`, tokenized once and cached (Note [token cache])
+  chat.py        chat rows (`messages`, or `prompt`/`completion`) rendered with a chat template, the loss on
+                 the answers only (Note [chat rendering])
   tokenfile.py   a pre-tokenized flat `.bin` of uint16 or uint32 ids (nanoGPT's layout), memory-mapped
   batches.py     any stream -> train/validation split, resumable random batches, micro-batches
 
@@ -19,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tfrun.data import text, tokenfile, tokenized
-from tfrun.data.batches import Batches, DataError, eval_batches, split_microbatches, split_tokens
+from tfrun.data import chat, text, tokenfile, tokenized
+from tfrun.data.batches import IGNORE, Batches, DataError, MaskedTokens, eval_batches, split_microbatches, split_tokens
 from tfrun.data.text import STDLIB, VOCAB_SIZE, decode, encode, load_corpus
 
-__all__ = ["STDLIB", "VOCAB_SIZE", "Batches", "DataError", "TokenStream", "decode", "encode", "eval_batches",
+__all__ = ["IGNORE", "STDLIB", "VOCAB_SIZE", "Batches", "DataError", "MaskedTokens", "TokenStream", "decode",
+           "encode", "eval_batches",
            "load_corpus", "open_stream", "rank_tokens", "split_microbatches", "split_tokens"]
 
 
@@ -58,8 +61,10 @@ def _stream_sha(ids) -> str:
 
 
 def open_stream(data_path: str | None, *, tokenizer_path: str | None, token_dtype: str, model_vocab: int,
-                cache_dir: str | Path) -> TokenStream:
-    """The stream --data, --tokenizer and --token-dtype name, checked against the model's vocabulary.
+                cache_dir: str | Path, chat_template: str | None = None, chat_loss: str = "assistant") -> TokenStream:
+    """The stream --data, --tokenizer and --token-dtype name, checked against the model's vocabulary; chat rows
+    rendered with --chat-template (default: the template beside --tokenizer) and masked as --chat-loss says
+    (tfrun.data.chat).
 
     Raises:
         DataError: one line naming the file (and the line, field or offset): see each source module; and
@@ -86,9 +91,18 @@ def open_stream(data_path: str | None, *, tokenizer_path: str | None, token_dtyp
                         f"model's {model_vocab}")
     if data_path is None or data_path == STDLIB and not Path(data_path).exists():
         raise DataError("--tokenizer needs --data (a text file, a .jsonl file or a folder of them)")
-    cached = tokenized.tokenize(data_path, tok, Path(cache_dir))
-    return TokenStream(tokens=cached.tokens, identity=_stream_sha(cached.tokens), where=f"--data {data_path}",
+    template_path = chat_template or chat.find_template(tokenizer_path)
+    template = chat.load_template(template_path) if template_path is not None else None
+    cached = tokenized.tokenize(data_path, tok, Path(cache_dir), template, chat_loss)
+    return TokenStream(tokens=cached.tokens, identity=_identity(cached.tokens), where=f"--data {data_path}",
                        cache=str(cached.file), save=cached.save)
+
+
+def _identity(tokens) -> str:
+    """TokenStream.identity of a tokenized stream: its ids', and a masked stream's mask too."""
+    if not isinstance(tokens, MaskedTokens):
+        return _stream_sha(tokens)
+    return _sha((_stream_sha(tokens.ids) + _stream_sha(tokens.mask)).encode())
 
 
 def _bytes(data_path: str | None) -> bytes:
@@ -107,8 +121,7 @@ def rank_tokens(data_path: str | None, *, token_cache: str | None, token_dtype: 
     """In a rank: the stream setup checked (tfrun.cli.setup), read again without the checks: bytes decoded anew, a
     token file or the tokenized cache entry memory-mapped."""
     if token_cache is not None:
-        meta_dtype = tokenized.cache_dtype(Path(token_cache))
-        return tokenfile.open_tokens(token_cache, meta_dtype)
+        return tokenized.open_entry(Path(token_cache), tokenized.cache_meta(Path(token_cache)))
     if tokenfile.is_token_file(data_path):
         return tokenfile.open_tokens(data_path, token_dtype)
     return encode(_bytes(data_path))

@@ -22,6 +22,29 @@ class DataError(TfrunError):
     """A data problem the user can fix (missing or too-short file, batch not divisible, bad resume state)."""
 
 
+IGNORE = -100
+"""The target of a position the loss does not count (PyTorch's and Hugging Face's ignore_index)."""
+
+
+class MaskedTokens:
+    """A token stream whose tokens carry whether the loss counts them (chat data's answers: tfrun.data.chat): `ids`
+    and `mask` (1: counts), each (N,), sliced together. A window's target is IGNORE where its token does not
+    count."""
+
+    __slots__ = ("ids", "mask")
+
+    def __init__(self, ids, mask) -> None:
+        assert len(ids) == len(mask), (len(ids), len(mask))
+        self.ids, self.mask = ids, mask
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, part: slice) -> MaskedTokens:
+        assert isinstance(part, slice)
+        return MaskedTokens(self.ids[part], self.mask[part])
+
+
 def split_tokens(tokens, val_fraction: float = 0.05) -> tuple[torch.Tensor, torch.Tensor]:
     """Split a token stream (N,) (a tensor or numpy array) into (train, validation) views; validation is the
     last val_fraction of it.
@@ -45,8 +68,13 @@ def _seed_for(seed: int, step: int) -> int:
 
 def _windows(tokens, starts: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Windows of seq_len + 1 tokens at `starts` -> (inputs, targets), each (len(starts), seq_len) int64.
-    `tokens` is a torch tensor or a numpy array (a memory-mapped file: only the windows are read)."""
+    `tokens` is a torch tensor, a numpy array (a memory-mapped file: only the windows are read) or MaskedTokens
+    (targets IGNORE where the loss does not count them)."""
     index = starts[:, None] + torch.arange(seq_len + 1)  # (B, seq_len + 1)
+    if isinstance(tokens, MaskedTokens):
+        x, y = _windows(tokens.ids, starts, seq_len)
+        counts = torch.from_numpy(np.asarray(tokens.mask)[index[:, 1:].numpy()].astype(bool))
+        return x, y.masked_fill(~counts, IGNORE)
     if isinstance(tokens, np.ndarray):
         window = torch.from_numpy(tokens[index.numpy()].astype(np.int64))
     else:

@@ -24,12 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from tfrun.data import tokenfile
-from tfrun.data.batches import DataError
+from tfrun.data.batches import DataError, MaskedTokens
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL = ".jsonl"
-CACHE_VERSION = 1
-"""Bump when the way documents become ids changes: old cache entries are then never matched."""
+CACHE_VERSION = 2
+"""Bump when the way documents become ids changes: old cache entries are then never matched (2: the rendering
+of chat data, its template and loss mask, in the key)."""
 BATCH_DOCUMENTS = 1024
 """Documents per encode_batch call (bounds the memory of the encodings)."""
 
@@ -58,32 +59,40 @@ def source_hash(path: str | Path) -> str:
     return sha.hexdigest()
 
 
-def _jsonl_documents(file: Path, text: str) -> list[str]:
-    docs = []
+def _jsonl_rows(file: Path, text: str) -> list[tuple[str, object]]:
+    """("FILE: line N", parsed JSON) for every non-blank line."""
+    rows = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            rows.append((f"{file}: line {n}", json.loads(line)))
         except json.JSONDecodeError as exc:
             raise DataError(f"{file}: line {n}: not JSON ({exc.msg})") from None
-        if not isinstance(obj, dict) or "text" not in obj:
-            raise DataError(f"{file}: line {n} has no \"text\" field")
-        if not isinstance(obj["text"], str):
-            raise DataError(f"{file}: line {n}: \"text\" must be a string")
-        docs.append(obj["text"])
-    return docs
+    return rows
 
 
-def documents(path: str | Path) -> list[str]:
-    """Every document --data names, in order (module docstring).
+def _text_of(where: str, obj: object) -> str:
+    if not isinstance(obj, dict) or "text" not in obj:
+        raise DataError(f"{where} has no \"text\" field")
+    if not isinstance(obj["text"], str):
+        raise DataError(f"{where}: \"text\" must be a string")
+    return obj["text"]
+
+
+def read_rows(path: str | Path) -> tuple[list[str], list[tuple[str, object]]]:
+    """(documents, chat rows) --data names, in order (module docstring): a jsonl file whose first row is a chat
+    row (tfrun.data.chat.is_chat_row) holds chat rows, every other file documents; one --data holds one kind.
 
     Raises:
-        DataError: a missing path, a file that is not UTF-8 text, a jsonl line that is not a JSON object
-            with a string `text` field (naming the file and the line).
+        DataError: a missing path, a file that is not UTF-8 text, a jsonl line that is not JSON or (documents)
+            not an object with a string `text` field (naming the file and the line), both kinds in one --data.
     """
+    from tfrun.data.chat import is_chat_row
+
     path = Path(path)
     docs: list[str] = []
+    chats: list[tuple[str, object]] = []
     for file in _files(path):
         try:
             text = file.read_bytes().decode("utf-8")
@@ -91,7 +100,25 @@ def documents(path: str | Path) -> list[str]:
             raise DataError(f"{file}: not UTF-8 text (byte offset {exc.start})") from None
         except OSError as exc:
             raise DataError(f"{file}: cannot read ({exc.strerror})") from None
-        docs.extend(_jsonl_documents(file, text) if file.suffix == JSONL else [text])
+        if file.suffix != JSONL:
+            docs.append(text)
+            continue
+        rows = _jsonl_rows(file, text)
+        if rows and is_chat_row(rows[0][1]):
+            chats.extend(rows)
+        else:
+            docs.extend(_text_of(where, obj) for where, obj in rows)
+        if docs and chats:
+            raise DataError(f"--data {path}: both text documents and chat rows ({file}); give one kind")
+    return docs, chats
+
+
+def documents(path: str | Path) -> list[str]:
+    """Every text document --data names, in order (read_rows; chat rows are refused here: they need a
+    tokenizer)."""
+    docs, chats = read_rows(path)
+    if chats:
+        raise DataError(f"{chats[0][0]}: a chat row; chat data needs --tokenizer (and a chat template)")
     return docs
 
 
@@ -141,8 +168,8 @@ def encode_documents(docs: list[str], tok: Tokenizer) -> np.ndarray:
 class Cached:
     """A tokenized stream and its cache entry (Note [token cache])."""
 
-    tokens: np.ndarray
-    """The ids (N,), memory-mapped when the entry existed."""
+    tokens: object
+    """The ids (N,), memory-mapped when the entry existed; MaskedTokens for chat data (its loss mask beside)."""
     file: Path
     """The entry's token file."""
     meta: dict
@@ -158,38 +185,67 @@ class Cached:
         from tfplan.fileio import write_json_atomic
 
         try:
-            tokenfile.write(self.file, self.tokens)
+            if isinstance(self.tokens, MaskedTokens):
+                tokenfile.write(self.file, self.tokens.ids)
+                tokenfile.write(mask_file(self.file), self.tokens.mask)
+            else:
+                tokenfile.write(self.file, self.tokens)
             write_json_atomic(self.file.with_suffix(".json"), self.meta)
         except (OSError, TfplanError) as exc:
             raise DataError(f"token cache: cannot write {self.file} ({getattr(exc, 'strerror', None) or exc}); "
                             f"choose a writable --token-cache DIR") from None
 
 
-def tokenize(data_path: str, tok: Tokenizer, cache_dir: Path) -> Cached:
-    """The stream of --data through `tok`, from the cache when an entry exists (Note [token cache]); a new one
-    is returned unsaved (Cached.save)."""
+def tokenize(data_path: str, tok: Tokenizer, cache_dir: Path, template=None, chat_loss: str = "assistant") -> Cached:
+    """The stream of --data through `tok` (chat rows rendered with `template`, a tfrun.data.chat.Template, and
+    masked as `chat_loss` says: tfrun.data.chat), from the cache when an entry exists (Note [token cache]); a new
+    one is returned unsaved (Cached.save)."""
+    from tfrun.data import chat
+
     data_sha = source_hash(data_path)
-    key = hashlib.sha256(f"v{CACHE_VERSION}/{data_sha}/{tok.sha256}".encode()).hexdigest()[:32]
+    render = {"template_sha256": template.sha256 if template is not None else None, "chat_loss": chat_loss}
+    key = hashlib.sha256(f"v{CACHE_VERSION}/{data_sha}/{tok.sha256}/{json.dumps(render, sort_keys=True)}".encode()
+                         ).hexdigest()[:32]
     file = Path(cache_dir) / f"{key}{tokenfile.SUFFIX}"
-    found = _read_entry(file, data_sha, tok.sha256)
+    found = _read_entry(file, data_sha, tok.sha256, render)
     if found is not None:
         return Cached(tokens=found[0], file=file, meta=found[1], hit=True)
-    docs = documents(data_path)
-    ids = encode_documents(docs, tok)
+    docs, rows = read_rows(data_path)
+    dtype = tokenfile.DTYPES[tokenfile.smallest_dtype(tok.vocab_size)]
+    if rows:
+        ids, mask = chat.encode_rows(rows, tok, chat.Renderer(template) if template is not None else None, dtype)
+        tokens = MaskedTokens(ids, np.ones_like(mask) if chat_loss == "all" else mask)
+    else:
+        tokens = encode_documents(docs, tok)
     meta = {"schema_version": CACHE_VERSION, "data": str(data_path), "data_sha256": data_sha,
             "tokenizer": tok.path, "tokenizer_sha256": tok.sha256, "vocab_size": tok.vocab_size,
-            "token_dtype": tokenfile.smallest_dtype(tok.vocab_size), "num_tokens": int(len(ids)),
-            "documents": len(docs)}
-    return Cached(tokens=ids, file=file, meta=meta, hit=False)
+            "token_dtype": tokenfile.smallest_dtype(tok.vocab_size), "num_tokens": int(len(tokens)),
+            "documents": len(rows) or len(docs), "masked": bool(rows), **render,
+            **({"chat_template": template.source, "counted_tokens": int(tokens.mask.sum())} if rows else {})}
+    return Cached(tokens=tokens, file=file, meta=meta, hit=False)
 
 
-def _read_entry(file: Path, data_sha: str, tok_sha: str) -> tuple[np.ndarray, dict] | None:
-    """An existing complete entry for this data and tokenizer, or None (absent, partial or another's)."""
+def mask_file(file: Path) -> Path:
+    """The loss mask (uint8, 1 a counted token) beside a cache entry's token file."""
+    return file.with_suffix(".mask")
+
+
+def open_entry(file: Path, meta: dict):
+    """A cache entry's stream: its ids memory-mapped, with its mask (MaskedTokens) when it has one."""
+    ids = tokenfile.open_tokens(file, meta["token_dtype"])
+    if not meta.get("masked"):
+        return ids
+    return MaskedTokens(ids, np.memmap(mask_file(file), dtype=np.uint8, mode="r"))
+
+
+def _read_entry(file: Path, data_sha: str, tok_sha: str, render: dict) -> tuple[object, dict] | None:
+    """An existing complete entry for this data, tokenizer and rendering, or None (absent, partial or another's)."""
     try:
         meta = json.loads(file.with_suffix(".json").read_text())
         ok = (meta.get("schema_version") == CACHE_VERSION and meta.get("data_sha256") == data_sha
-              and meta.get("tokenizer_sha256") == tok_sha and meta.get("token_dtype") in tokenfile.DTYPES)
-        tokens = tokenfile.open_tokens(file, meta["token_dtype"]) if ok else None
+              and meta.get("tokenizer_sha256") == tok_sha and meta.get("token_dtype") in tokenfile.DTYPES
+              and all(meta.get(k) == v for k, v in render.items()))
+        tokens = open_entry(file, meta) if ok else None
     except (OSError, ValueError, KeyError, AttributeError, DataError):
         return None
     if tokens is None or len(tokens) != meta.get("num_tokens"):
@@ -197,15 +253,15 @@ def _read_entry(file: Path, data_sha: str, tok_sha: str) -> tuple[np.ndarray, di
     return tokens, meta
 
 
-def cache_dtype(file: Path) -> str:
-    """The token dtype of a cache entry (its sidecar's), for the ranks that memory-map it.
+def cache_meta(file: Path) -> dict:
+    """A cache entry's sidecar, for the ranks that memory-map it (open_entry).
 
     Raises:
         DataError: the entry is gone or damaged since setup wrote it.
     """
     try:
-        dtype = json.loads(Path(file).with_suffix(".json").read_text())["token_dtype"]
-    except (OSError, ValueError, KeyError, TypeError):
+        meta = json.loads(Path(file).with_suffix(".json").read_text())
+        tokenfile.dtype_of(meta["token_dtype"])
+    except (OSError, ValueError, KeyError, TypeError, DataError):
         raise DataError(f"token cache {file}: missing or damaged since the run started; start it again") from None
-    tokenfile.dtype_of(dtype)
-    return dtype
+    return meta

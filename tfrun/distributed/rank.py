@@ -35,7 +35,7 @@ from tfrun.freeze.candidates import candidates
 from tfrun.freeze.freezing import Freezer
 from tfrun.freeze.noise import NoiseMeter
 from tfrun.measure.timing import ActionTimer
-from tfrun.models import build, loss_fn, model_config
+from tfrun.models import build, loss_fn, masked_loss, model_config
 from tfrun.optim.optimizer import adamw
 
 
@@ -219,14 +219,18 @@ def _loss(state: StepState, stages: list):
     TFRUN_FAULT_INF_LOSS=STEP:MB makes micro-batch MB's loss at step STEP infinite (tfrun.train Note [non-finite
     steps]; tests/tfrun/test_recipe.py), as TFRUN_FAULT kills a rank in tfrun.cli.worker. The micro-batch is the
     one whose forward the last stage ran last (torch calls the loss right after it)."""
+    def counted(output, target):  # chat data: the mean over the step's counted targets (StepState.loss_tokens)
+        tokens = state.loss_tokens
+        return loss_fn(output, target) if tokens is None else masked_loss(output, target, tokens)
+
     spec = os.environ.get("TFRUN_FAULT_INF_LOSS")
     last = next((st for st in stages if st.is_last), None)
     if not spec or last is None:
-        return loss_fn
+        return counted
     step, mb = (int(x) for x in spec.split(":"))
 
     def planted(output, target):
-        loss = loss_fn(output, target)
+        loss = counted(output, target)
         hit = state.step == step and not state.evaluating and getattr(last, "_fwd_mb", None) == mb
         return loss * float("inf") if hit else loss
 

@@ -74,6 +74,9 @@ class StepState:
     """(stage, parameter name) -> micro-batches in which it was frozen this step (--grad-rescale, stats)."""
     frozen: dict[tuple[int, int], frozenset[str]] = field(default_factory=dict)
     """(stage, mb) -> the names it froze this step (frozen_sets.jsonl, tfrun retime)."""
+    loss_tokens: float | None = None
+    """Chat data: the targets the loss counts this step (or evaluation batch), over all replicas, per micro-batch
+    of one replica (tfrun.models.llama.masked_loss); None: every target counts (the mean per micro-batch)."""
 
     def begin(self, step: int) -> None:
         self.step = step

@@ -30,12 +30,14 @@ from tfrun.models.llama import (
     build_stage,
     count_params,
     loss_fn,
+    masked_loss,
     split_layers,
 )
 from tfrun.models.rope import RopeScaling
 
 __all__ = ["MODELS", "ModelConfig", "ModelError", "RopeScaling", "TransformerStage", "build", "build_stage",
-           "count_params", "is_hf", "loss_fn", "model_config", "model_hash", "split_layers", "stage_numel"]
+           "count_params", "is_hf", "loss_fn", "masked_loss", "model_config", "model_hash", "split_layers",
+           "stage_numel"]
 
 
 def is_hf(name: str) -> bool:

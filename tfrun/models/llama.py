@@ -389,6 +389,15 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
 
 
+def masked_loss(logits: torch.Tensor, targets: torch.Tensor, counted_per_microbatch: float) -> torch.Tensor:
+    """Next-token cross-entropy summed over the targets that count (targets of -100 do not) over the step's counted
+    targets per micro-batch: a step's micro-batch losses, averaged as the schedule averages them, give the mean
+    over every counted token of the step (not the mean of the micro-batches' means, which would weight a target
+    by how few its micro-batch holds); float32 scalar."""
+    total = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1), ignore_index=-100, reduction="sum")
+    return total / counted_per_microbatch
+
+
 def count_params(module: nn.Module) -> int:
     """Number of parameter elements, counting a shared (tied) tensor once."""
     return sum(p.numel() for p in module.parameters())
