@@ -1,4 +1,4 @@
-"""The Qwen2, Qwen3 and Mistral families end to end on 2 gloo ranks (Note [families] in tfrun.models.llama): for a
+"""The Qwen2, Qwen3 and Mistral families end to end on 2 gloo ranks (Note [families] in tfrun.models.shape): for a
 small random checkpoint of each, saved by transformers, `tfrun train --model hf:DIR` makes the same losses as a
 plain transformers + torch loop on the same batches (its first loss is transformers' on that batch), its measured
 profile names the checkpoint, and `tfrun export` writes a folder that `from_pretrained` loads with the trained

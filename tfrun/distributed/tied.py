@@ -67,6 +67,34 @@ class TiedEmbedding:
         """Stage -> the name of the copy a checkpoint leaves out on this rank (the head's), or {}."""
         return {self.last_stage: "head.weight"} if self.head is not None else {}
 
+    def without_copy(self, states: dict[int, dict]) -> dict[int, dict]:
+        """Stage state dicts for a checkpoint: the head's copy left out (stored once)."""
+        for s, name in self.head_copy.items():
+            del states[s][name]
+        return states
+
+    def without_copy_state(self, optimizer: torch.optim.Optimizer, state: dict) -> dict:
+        """An optimizer state dict for a checkpoint: the head's copy's AdamW state left out."""
+        if self.head is not None:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            state["state"].pop(next(i for i, p in enumerate(params) if p is self.head), None)
+        return state
+
+    def with_placeholder(self, stage: int, module: nn.Module, saved: dict, where: str) -> dict:
+        """A stage's saved state with the head's copy, which the checkpoint left out, as a placeholder that
+        `restore` then fills. A checkpoint that holds the copy trained the two apart (made before tfrun kept ties
+        across stages): refused, as going on would change the model."""
+        name = self.head_copy.get(stage)
+        if name is None:
+            return saved
+        if name in saved:
+            from tfrun.errors import TfrunError
+
+            raise TfrunError(f"{where}: this checkpoint trained the tied embedding and LM head as two matrices "
+                             f"(written before tfrun kept ties across stages); export it (`tfrun export`, it comes "
+                             f"out untied) and start from the export with tie_word_embeddings false")
+        return {**saved, name: module.state_dict()[name]}
+
     def reduce(self) -> None:
         """Sum the two copies' gradients into both (Note [tied embeddings across stages])."""
         if self.embed is not None and self.head is not None:  # one rank holds both stages

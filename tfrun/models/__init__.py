@@ -5,7 +5,8 @@ place a model name becomes a shape and a stage module; tfrun.distributed.rank bu
 
 Read in this order:
   rope.py    rotary position tables, with LLaMA 3's and linear scaling (Note [rope precision])
-  llama.py   the decoder, split into stages: a stage module reads top to bottom; the families as options
+  shape.py   a model's shape (ModelConfig, with the families' options) and the named sizes
+  llama.py   the decoder, split into stages: a stage module reads top to bottom
   hf_config.py  a Hugging Face config.json, read by what each field does to the forward
   hf.py      a Hugging Face checkpoint's weights, each rank loading its own stage only
 (Weights out, as a Hugging Face checkpoint: tfrun.records.export.)

@@ -45,7 +45,7 @@ _BLOCK = {  # ours (within layers.{i}.) -> Hugging Face's (within model.layers.{
     "mlp.w1.weight": "mlp.gate_proj.weight",
     "mlp.w3.weight": "mlp.up_proj.weight",
     "mlp.w2.weight": "mlp.down_proj.weight",
-    # the families' options (Note [families] in tfrun.models.llama)
+    # the families' options (Note [families] in tfrun.models.shape)
     "attn.wq.bias": "self_attn.q_proj.bias",
     "attn.wk.bias": "self_attn.k_proj.bias",
     "attn.wv.bias": "self_attn.v_proj.bias",

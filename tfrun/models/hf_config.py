@@ -4,7 +4,7 @@ Note [config fields by effect]: real config files carry far more than a model's 
 settings, initialisation, output flags and the metadata of whatever saved them (`_name_or_path`, `_commit_hash`,
 `transformers_version`, a `quantization_config` left by a dequantized checkpoint...). The rule, per field:
   * read: the shape and the options tfrun implements (sizes, heads, rope, eps, ties, the families' biases,
-    q/k norms, head width and sliding window: Note [families] in tfrun.models.llama), per `model_type`;
+    q/k norms, head width and sliding window: Note [families] in tfrun.models.shape), per `model_type`;
   * refused by name when its value changes the forward and tfrun does not implement that value (another
     activation, dropout during training, cross-attention, a window tfrun's sequences would exceed...: FORWARD);
   * accepted silently: every field transformers' own config classes define without effect on a training forward
@@ -123,7 +123,7 @@ def read_config(path: Path, raw: dict[str, Any]) -> ModelConfig:
 
 
 def _options(family: str, raw: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The family's options of the block (Note [families] in tfrun.models.llama) from config.json."""
+    """The family's options of the block (Note [families] in tfrun.models.shape) from config.json."""
     bias = raw.get("attention_bias")
     if bias is not None and not isinstance(bias, bool):
         raise ModelError(f"{path}: attention_bias: must be true or false, got {json.dumps(bias)}")

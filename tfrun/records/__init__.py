@@ -3,6 +3,8 @@
 Read in this order:
   checkpoint.py   checkpoints that a crash or a damaged file never turn into a wrong resume (Note [checkpoint
                   commit])
+  checkpoint_choice.py  reading their indexes and choosing the one a resume starts from (Note [checkpoint
+                  choice])
   provenance.py   what a run may trust: a plan's profile against the run, a resume against its checkpoint
   summarize.py    summary.json, for every kind of run
   tensorboard.py  `--tensorboard`: the metrics rows as TensorBoard scalars

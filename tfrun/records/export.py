@@ -1,6 +1,6 @@
 """Checkpoints out: `tfrun export RUN_DIR --hf OUT [--step N]` writes a run's trained weights, every stage
-merged, as a Hugging Face LLaMA folder (config.json + safetensors, sharded above a size with an index) that
-transformers' `from_pretrained` loads.
+merged, as a Hugging Face folder of the model's family (config.json + safetensors, sharded above a size with an
+index; the run's tokenizer files beside them) that transformers' `from_pretrained` loads.
 
 The weights come from one verified checkpoint (the newest that verifies, or --step N; tfrun.records.checkpoint Note
 [checkpoint choice]); each rank file is memory-mapped, so only the model's tensors are read, never the
@@ -86,11 +86,7 @@ def hf_config(model: str, cfg: ModelConfig, tied: bool) -> dict:
     if model.startswith(hf.PREFIX):
         raw = hf.read_raw(hf.folder_of(model))
     else:
-        raw = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
-               "hidden_size": cfg.dim, "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
-               "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-               "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
-               "rope_theta": cfg.rope_theta, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
+        raw = config_of(cfg)
         if cfg.rope_scaling is not None:
             s = cfg.rope_scaling
             raw["rope_scaling"] = {"rope_type": s.kind, "factor": s.factor, "low_freq_factor": s.low_freq_factor,
@@ -98,6 +94,42 @@ def hf_config(model: str, cfg: ModelConfig, tied: bool) -> dict:
                                    "original_max_position_embeddings": s.original_max_seq_len}
     raw = {k: v for k, v in raw.items() if k not in ("torch_dtype", "dtype")}
     return raw | {"tie_word_embeddings": tied, "torch_dtype": "float32"}
+
+
+def config_of(cfg: ModelConfig) -> dict:
+    """A config.json of cfg's family (model_type, and the fields its options are read from:
+    tfrun.models.hf_config) for a model that has none (a named size, a checkpoint made here)."""
+    from tfrun.models.hf_config import ARCHITECTURES
+
+    raw = {"architectures": [ARCHITECTURES[cfg.family]], "model_type": cfg.family, "vocab_size": cfg.vocab_size,
+           "hidden_size": cfg.dim, "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
+           "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+           "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
+           "hidden_act": "silu", "tie_word_embeddings": cfg.tie_embeddings}
+    if cfg.family in ("llama", "qwen3"):
+        assert cfg.qkv_bias == cfg.out_bias, "LLaMA's and Qwen3's attention_bias covers q, k, v and o alike"
+        raw["attention_bias"] = cfg.qkv_bias
+    if cfg.family == "llama":
+        raw["mlp_bias"] = cfg.mlp_bias
+    if cfg.family in ("qwen2", "qwen3"):
+        raw |= {"use_sliding_window": cfg.sliding_window is not None, "sliding_window": cfg.sliding_window}
+    if cfg.family == "mistral":
+        raw["sliding_window"] = cfg.sliding_window
+    return raw
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def tokenizer_files(tokenizer_path: str | None) -> list[tuple[Path, str]]:
+    """(file, its name in the export): the run's --tokenizer (as tokenizer.json) and the files a Hugging Face
+    tokenizer folder keeps beside it (its config, special tokens, chat template), so that the export loads as a
+    tokenizer too."""
+    if tokenizer_path is None:
+        return []
+    tokenizer = Path(tokenizer_path)
+    beside = [(tokenizer.parent / name, name) for name in TOKENIZER_FILES[1:]]
+    return [(tokenizer, TOKENIZER_FILES[0])] + [(p, name) for p, name in beside if p.is_file()]
 
 
 def _shards(tensors: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
@@ -161,6 +193,8 @@ def export_hf(run_dir: str, out: str, *, step: int | None = None,
                      "weight_map": {name: file for file, shard in zip(files, shards) for name in shard}}
             (tmp / hf.INDEX).write_text(json.dumps(index, indent=2) + "\n")
         (tmp / hf.CONFIG).write_text(json.dumps(hf_config(config.model, cfg, tied), indent=2) + "\n")
+        for source, name in tokenizer_files(config.tokenizer_path):
+            shutil.copy2(source, tmp / name)
         os.chmod(tmp, 0o755)
         if target.exists():
             target.rmdir()  # empty (checked above)

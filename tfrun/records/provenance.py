@@ -92,9 +92,23 @@ def _describe(model, mbs, seq, device, threads) -> str:
 def same_model(source: dict[str, Any], config: TrainConfig) -> bool:
     """Whether a profile's recorded model is this run's: by config hash when both are hf:DIR checkpoints,
     else by name (Note [profile provenance])."""
-    if source.get("model_hash") is not None and config.model_hash is not None:
-        return source["model_hash"] == config.model_hash
+    ours = config.model_hash if config.model_hash is not None else _hf_hash(config.model)
+    if source.get("model_hash") is not None and ours is not None:
+        return source["model_hash"] == ours
     return source.get("model") == config.model
+
+
+def _hf_hash(model: str) -> str | None:
+    """An hf:DIR model's identity before setup recorded it (a relative DIR names the same checkpoint as the
+    profile's absolute one); None for a named size or a folder without config.json (refused later, by name)."""
+    from tfrun import models
+
+    if not models.is_hf(model):
+        return None
+    try:
+        return models.model_hash(model)
+    except OSError:
+        return None
 
 
 def profile_mismatch(source: dict[str, Any], config: TrainConfig, device: str) -> str | None:
