@@ -159,6 +159,32 @@ def tokens() -> None:
     _write("tokenizers/vocab-320.json", tok.to_str())
 
 
+CHAT_TEMPLATE = ("{%- for m in messages %}{%- if m['role'] == 'system' %}{{- raise_exception('this template has "
+                 "no system role') }}{%- endif %}{{- '<t> ' + m['role'] + ' ' + m['content'] + ' </t> ' }}"
+                 "{%- endfor %}{%- if add_generation_prompt %}{{- '<t> assistant ' }}{%- endif %}")
+
+
+def chat_data() -> None:
+    """Chat rows (tfrun.data.chat), each file broken in one row after 200 good ones, a word-level tokenizer small
+    enough for the tiny model's 256 ids, and a template that refuses a system message."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>", "<t>", "</t>", "user", "assistant", "system", "tool", "robot", "what", "is", "a", "list",
+             "mutable", "sequence", "hello"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    _write("tokenizers/words.json", tok.to_str())
+    _write("templates/no-system.jinja", CHAT_TEMPLATE)
+    good = json.dumps({"messages": [{"role": "user", "content": "what is a list"},
+                                    {"role": "assistant", "content": "a mutable sequence"}]}) + "\n"
+    bad = {"no-assistant": {"messages": [{"role": "user", "content": "hello"}]},
+           "unknown-role": {"messages": [{"role": "robot", "content": "hello"}, {"role": "assistant", "content": "a"}]},
+           "system-refused": {"messages": [{"role": "system", "content": "hello"}, {"role": "assistant", "content": "a"}]},
+           "bad-shape": {"messages": "hello"}}
+    for name, row in bad.items():
+        _write(f"data/chat-{name}.jsonl", good * 200 + json.dumps(row) + "\n")
+
+
 def hf_checkpoints() -> None:
     """Hugging Face checkpoint folders, each broken in one way: a 2-layer model of the tiny vocabulary, written
     from our own stage with Hugging Face's names (tfrun.models.hf), sharded one tensor group per file."""
@@ -240,6 +266,7 @@ def main() -> None:
     configs(valid)
     data()
     tokens()
+    chat_data()
     hf_checkpoints()
     runs()
 
