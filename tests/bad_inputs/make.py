@@ -177,9 +177,10 @@ def chat_data() -> None:
     _write("templates/no-system.jinja", CHAT_TEMPLATE)
     good = json.dumps({"messages": [{"role": "user", "content": "what is a list"},
                                     {"role": "assistant", "content": "a mutable sequence"}]}) + "\n"
+    answer = {"role": "assistant", "content": "a"}
     bad = {"no-assistant": {"messages": [{"role": "user", "content": "hello"}]},
-           "unknown-role": {"messages": [{"role": "robot", "content": "hello"}, {"role": "assistant", "content": "a"}]},
-           "system-refused": {"messages": [{"role": "system", "content": "hello"}, {"role": "assistant", "content": "a"}]},
+           "unknown-role": {"messages": [{"role": "robot", "content": "hello"}, answer]},
+           "system-refused": {"messages": [{"role": "system", "content": "hello"}, answer]},
            "bad-shape": {"messages": "hello"}}
     for name, row in bad.items():
         _write(f"data/chat-{name}.jsonl", good * 200 + json.dumps(row) + "\n")
