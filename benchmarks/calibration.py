@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -120,6 +121,7 @@ def train(folder: Path, plan: Path, freeze: str, regime: dict, seed: int, freeze
     """One run (skipped when its summary exists: the set is built up over several calls)."""
     if (folder / "summary.json").exists():
         return
+    shutil.rmtree(folder, ignore_errors=True)  # a run cut off before its end (the set may be stopped any time)
     extra = [] if freeze_seed is None else ["--freeze-seed", str(freeze_seed)]
     t0 = time.time()
     run(["tfrun", "train", "--plan", str(plan), "--freeze", freeze, "--model", regime["model"], "--steps",

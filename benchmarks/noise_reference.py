@@ -9,8 +9,15 @@ initialisation and after training, on two corpora (the default one and the stand
 pipeline's figure is the median over the measured steps of the smoothed estimate, as summary.json and the
 profile's noise section report it.
 
+With --case heldout, a case nobody tuned the estimator on (issue 45): a model of other widths, heads and depth
+than ours (HELDOUT: 6 blocks of width 192, 6 heads of 32, 3 key/value heads) on another corpus (the Python
+sources of networkx, which tfplan installs), trained briefly from its initialisation, with --measures also
+`sequence-exact` (per-sequence norms without the sketch) to tell the sketch's error from the estimator's.
+
     python benchmarks/noise_reference.py                     # about 45 minutes on 2 CPU cores
     python benchmarks/noise_reference.py --max-sequences 256 --train-steps 20 --corpora default --batch-seeds 777
+    python benchmarks/noise_reference.py --case heldout --estimators winsor \
+        --measures sequence,sequence-exact,microbatch
 """
 
 from __future__ import annotations
@@ -21,12 +28,37 @@ import statistics
 import time
 
 M, MB_SIZE, SEQ = 8, 4, 128
+HELDOUT = {"vocab_size": 256, "dim": 192, "n_layers": 6, "n_heads": 6, "n_kv_heads": 3, "ffn_dim": 512,
+           "max_seq_len": 512}
+"""The held-out case's shape (--case heldout): other widths, heads and depth than the tiny model's."""
+
+
+def networkx_sources() -> bytes:
+    """Another project's Python sources as bytes: every .py file of the installed networkx, in path order."""
+    from pathlib import Path
+
+    import networkx
+
+    root = Path(networkx.__file__).parent
+    return b"\n".join(p.read_bytes() for p in sorted(root.rglob("*.py")) if "tests" not in p.parts)
+
+
+def case_of(name: str, corpus: str):
+    """(stages builder, training tokens) of a case: the tiny model on a built-in corpus, or the held-out one."""
+    from tfrun.data import encode, load_corpus, split_tokens
+    from tfrun.models import MODELS, ModelConfig, build_stage
+
+    if name == "heldout":
+        cfg = ModelConfig(**HELDOUT)
+        return (lambda: {s: build_stage(cfg, s, 2, 0) for s in (0, 1)}), split_tokens(encode(networkx_sources()))[0]
+    tokens = split_tokens(encode(load_corpus(None if corpus == "default" else corpus)))[0]
+    return (lambda: {s: build_stage(MODELS["tiny"], s, 2, 0) for s in (0, 1)}), tokens
 
 
 _OPTIMIZERS: dict = {}
 
 
-def trained(stages, corpus_tokens, steps: int, start: int = 0) -> None:
+def trained(stages, corpus_tokens, steps: int, start: int = 0, lr: float = 3e-4) -> None:
     """`steps` AdamW steps (lr 3e-4) of the chained stages on the corpus from batch `start`, as `tfrun train
     --freeze none` takes them (one optimizer per model, kept between calls)."""
     import torch
@@ -35,7 +67,7 @@ def trained(stages, corpus_tokens, steps: int, start: int = 0) -> None:
     from tfrun.models import loss_fn
 
     params = [p for m in stages.values() for p in m.parameters()]
-    opt = _OPTIMIZERS.setdefault(id(stages), torch.optim.AdamW(params, lr=3e-4))
+    opt = _OPTIMIZERS.setdefault(id(stages), torch.optim.AdamW(params, lr=lr))
     batches = Batches(corpus_tokens, global_batch=M * MB_SIZE, seq_len=SEQ, seed=0)
     for step in range(start, start + steps):
         x, y = batches.batch_at(step)
@@ -58,6 +90,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="measured steps of the pipeline's estimate")
     parser.add_argument("--train-steps", type=int, default=150, help="training before the second measurement")
     parser.add_argument("--corpora", default="default,stdlib")
+    parser.add_argument("--case", default="tiny", choices=("tiny", "heldout"),
+                        help="tiny: the tiny model on --corpora; heldout: the held-out model and corpus (docstring)")
     parser.add_argument("--estimators", default="ema,median,winsor")
     parser.add_argument("--measures", default="microbatch,sequence",
                         help="--noise-measure values, each against the same exact reference")
@@ -85,17 +119,18 @@ def main() -> None:
                                                                   sorted(reference.items())) + " tokens", flush=True)
         return
     seeds = [int(v) for v in args.batch_seeds.split(",")]
-    print(f"noise scale against its definition: tiny model (2 stages), the reference from sequences of {SEQ} tokens "
+    print(f"noise scale against its definition: {args.case} case (2 stages), the reference from sequences of {SEQ} "
+          f"tokens "
           f"until its standard error is below {args.reference_error:.0%} (at most {args.max_sequences}); "
           f"{args.steps} steps of {M} x {MB_SIZE} x {SEQ} for the pipeline, batch seeds {args.batch_seeds}; load "
           f"{os.getloadavg()[0]:.2f} at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     worst: dict = {}
-    for corpus in args.corpora.split(","):
-        tokens = split_tokens(encode(load_corpus(None if corpus == "default" else corpus)))[0]
-        stages = {s: build_stage(MODELS["tiny"], s, 2, 0) for s in (0, 1)}
+    for corpus in (args.corpora.split(",") if args.case == "tiny" else ["networkx"]):
+        build, tokens = case_of(args.case, corpus)
+        stages = build()
         for when in ("initialisation", f"{args.train_steps} training steps"):
             if when != "initialisation":
-                trained(stages, tokens, args.train_steps)
+                trained(stages, tokens, args.train_steps, lr=3e-4 if args.case == "tiny" else 1e-3)
             t0 = time.perf_counter()
             ref = ExactNoise(stages, loss_fn)
             ref_batches = Batches(tokens, global_batch=256, seq_len=SEQ, seed=12345)

@@ -129,12 +129,18 @@ def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: 
     """(measure, estimator) -> per measured step, stage -> the pipeline's NoiseMeter estimate (tokens), at these
     fixed weights: `steps` batches of `batches` (tfrun.data.Batches), each as `num_microbatches` micro-batches. One
     meter per pair, all fed by the same backward passes; a measure is the estimator's small batch
-    (tfrun.freeze.noise Note [noise measure])."""
-    meters = {(measure, e): NoiseMeter(stages, {s: candidates(m) for s, m in stages.items()},
-                                       num_microbatches=num_microbatches,
-                                       microbatch_tokens=batches.global_batch // num_microbatches * batches.seq_len,
-                                       every=1, estimator=e, window=window, measure=measure)
-              for measure in measures for e in estimators}
+    (tfrun.freeze.noise Note [noise measure]), or `sequence-exact`: per-sequence norms without the linear layers'
+    sketch (tfrun.freeze.noise_perseq Note [sketched norms]), to tell the sketch's error from the estimator's."""
+    meters = {}
+    for measure in measures:
+        for e in estimators:
+            meter = NoiseMeter(stages, {s: candidates(m) for s, m in stages.items()},
+                               num_microbatches=num_microbatches,
+                               microbatch_tokens=batches.global_batch // num_microbatches * batches.seq_len,
+                               every=1, estimator=e, window=window, measure=measure.removesuffix("-exact"))
+            if measure.endswith("-exact"):
+                meter.sequences.sketch = 0
+            meters[measure, e] = meter
     params = [p for m in stages.values() for p in m.parameters()]
     out: dict[tuple[str, str], list] = {key: [] for key in meters}
     current = [0]  # the micro-batch in backward, as a pipeline stage tells it (noise_perseq)
