@@ -3,9 +3,15 @@
 For every cell of every regime and data seed: the measured efficiency (tfrun.records.efficiency: unfrozen steps
 to the cell's eval loss over its steps, median over the second half) per freeze seed, their median and spread,
 the eval set's own error, and each learning model's prediction from measured inputs: the unfrozen run's noise
-scales and |G|^2 shares (per stage from summary.json, per tensor from noise_tensors.json: what a planner knows
-before freezing) and the cell's realised freezing (per stage from summary.json, per tensor from
-freeze_stats.json's contributions: which micro-batches each tensor learnt from).
+scales and |G|^2 shares at each measured step (per stage from metrics.jsonl; per tensor, noise_tensors.json's
+end-of-run split of each stage) and the cell's realised freezing at each step (per stage from metrics.jsonl, per
+tensor from frozen_sets.jsonl: the micro-batches each tensor learnt from).
+
+Like for like: the measured efficiency is cumulative (steps to a loss reached over the whole run so far), while a
+model gives the instantaneous one (progress of one step at that step's noise). So a model's prediction for a run
+is its instantaneous efficiency averaged over the steps before each evaluation (a run that keeps a share e(t) of
+each step's progress has made sum_t e(t) unfrozen steps' progress after s steps), with the noise of each step
+held from its last measurement, and then the median over the same second-half evaluations as the measurement.
 
 The models (docs/cost-model.md says which one the planner uses, and why):
   free              freezing costs no learning: e = 1
@@ -16,6 +22,10 @@ The models (docs/cost-model.md says which one the planner uses, and why):
                     (N / 19 at b1 = 0.9)
   momentum-tensor   the same per tensor
   fit-tensor        mccandlish-tensor with N scaled by one factor fitted (least squares) on the fit cells
+  adam              Adam's first-order progress per tensor: a tensor of n scalars makes progress
+                    sqrt(n) |G| / sqrt(1 + N / b) a step (its second moment holds the noise, its first moment's
+                    noise averages out), so keeping k of the batch keeps sqrt((1 + N / B) / (1 + N / (k B))) of
+                    it, weighted by its share of that progress
 
 Fit and held out (issue 45): the fit cells are data seed 0 of scratch, crossing and finetune; everything else
 (data seed 1, the `small` regime) is held out, and only the fitted model uses the fit cells. A cell passes
@@ -28,7 +38,9 @@ when its prediction lies within its freeze seeds' scatter (max - min) or 0.05 of
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -40,7 +52,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 FIT = {("scratch", 0), ("crossing", 0), ("finetune", 0)}
 BETA1 = 0.9
 TOLERANCE = 0.05
-MODELS = ("free", "kept", "mccandlish", "mccandlish-tensor", "momentum", "momentum-tensor", "fit-tensor")
+MODELS = ("free", "kept", "mccandlish", "mccandlish-tensor", "momentum", "momentum-tensor", "fit-tensor", "adam")
 
 
 def _json(path: Path) -> dict:
@@ -52,47 +64,99 @@ def _e(kept_tokens: float, noise: float) -> float:
 
 
 class Inputs:
-    """What the models read of a regime's unfrozen run: per stage and per tensor noise scales and |G|^2 shares."""
+    """What the models read of a regime's unfrozen run: per measured step, each stage's noise scale and |G|^2, and
+    each tensor's end-of-run share of its stage's |G|^2 and noise scale relative to its stage's."""
 
     def __init__(self, none: Path) -> None:
-        summary = _json(none / "summary.json")
-        self.stage_noise = summary["noise_scale_tokens"]
-        self.stage_share = summary["grad_sq_share"]
-        tensors = _json(none / "noise_tensors.json")["stages"]
-        total = sum(t["grad_sq"] for st in tensors for t in st["tensors"])
-        self.tensor = {(st["stage"], t["name"]): (t["noise_scale_tokens"], t["grad_sq"] / total)
-                       for st in tensors for t in st["tensors"]}
+        self.numel = {(t["stage"], t["name"]): t["numel"] for t in _json(none / "freeze_stats.json")["tensors"]}
+        rows = [json.loads(line) for line in (none / "metrics.jsonl").read_text().splitlines()]
+        self.trajectory = [(r["step"], r["noise_scale_tokens"], r["grad_sq"]) for r in rows
+                           if "noise_scale_tokens" in r and None not in r["noise_scale_tokens"]
+                           and None not in r["grad_sq"]]
+        self.tensors: dict[tuple[int, str], tuple[float, float]] = {}
+        """(stage, name) -> (its share of the stage's |G|^2, its noise scale over the stage's)."""
+        for st in _json(none / "noise_tensors.json")["stages"]:
+            for t in st["tensors"]:
+                self.tensors[st["stage"], t["name"]] = (t["grad_sq"] / st["grad_sq"],
+                                                        t["noise_scale_tokens"] / st["noise_scale_tokens"])
+
+    def at(self, step: int) -> tuple[list[float], list[float], list[float]]:
+        """(noise scale per stage, |G|^2 share per stage, |G|^2 per stage) of the last measurement at or before
+        `step`."""
+        _, noise, gsq = next((r for r in reversed(self.trajectory) if r[0] <= step), self.trajectory[0])
+        total = sum(gsq)
+        return noise, [g / total for g in gsq], gsq
 
 
-def _stage_model(ratios: list[float], batch: float, x: Inputs, scale: float) -> float:
-    base = sum(w * _e(batch, n * scale) for w, n in zip(x.stage_share, x.stage_noise))
-    return sum(w * _e((1 - r) * batch, n * scale) for w, n, r in zip(x.stage_share, x.stage_noise, ratios)) / base
+def _stage(kept: list[float], batch: float, noise: list[float], share: list[float], scale: float) -> float:
+    """Instantaneous efficiency of a step whose stages kept `kept` of the batch (McCandlish per stage)."""
+    base = sum(w * _e(batch, n * scale) for w, n in zip(share, noise))
+    return sum(w * _e(k * batch, n * scale) for w, n, k in zip(share, noise, kept)) / base
 
 
-def _tensor_model(kept: dict, batch: float, x: Inputs, scale: float) -> float:
+def _tensor(kept: dict, batch: float, noise: list[float], share: list[float], x: Inputs, scale: float) -> float:
+    """The same per tensor: weight = its stage's share x its share of the stage, noise = its stage's x its ratio."""
     base = got = 0.0
-    for key, (n, w) in x.tensor.items():
-        base += w * _e(batch, n * scale)
-        got += w * _e(kept.get(key, 1.0) * batch, n * scale)
+    for (s, name), (part, ratio) in x.tensors.items():
+        w, n = share[s] * part, noise[s] * ratio * scale
+        base += w * _e(batch, n)
+        got += w * _e(kept.get((s, name), 1.0) * batch, n)
     return got / base
 
 
-def predictions(run: Path, batch: float, x: Inputs, fitted: float | None) -> dict[str, float]:
-    """Every model's efficiency for one run."""
-    ratios = _json(run / "summary.json")["realised_freeze_ratio"]
-    stats = _json(run / "freeze_stats.json")
-    m = stats["num_microbatches"]
-    kept = {(t["stage"], t["name"]): t["contributions"] / (t["steps"] * m) for t in stats["tensors"]}
-    momentum = (1 - BETA1) / (1 + BETA1)
-    out = {"free": 1.0,
-           "kept": sum(w * kept.get(k, 1.0) for k, (_, w) in x.tensor.items()),
-           "mccandlish": _stage_model(ratios, batch, x, 1.0),
-           "mccandlish-tensor": _tensor_model(kept, batch, x, 1.0),
-           "momentum": _stage_model(ratios, batch, x, momentum),
-           "momentum-tensor": _tensor_model(kept, batch, x, momentum)}
-    if fitted is not None:
-        out["fit-tensor"] = _tensor_model(kept, batch, x, fitted)
+def _adam(kept: dict, batch: float, noise: list[float], gsq: list[float], x: Inputs) -> float:
+    """Instantaneous efficiency under Adam's first-order progress (the `adam` model)."""
+    base = got = 0.0
+    for (s, name), (part, ratio) in x.tensors.items():
+        n = noise[s] * ratio
+        progress = math.sqrt(x.numel[s, name] * part * gsq[s]) / math.sqrt(1 + n / batch)
+        k = kept.get((s, name), 1.0)
+        base += progress
+        got += progress * (math.sqrt((1 + n / batch) / (1 + n / (k * batch))) if k > 0 else 0.0)
+    return got / base
+
+
+@functools.cache
+def tensor_kept(run: Path) -> list[dict[tuple[int, str], float]]:
+    """Per step, each tensor's kept share of the step's micro-batches (frozen_sets.jsonl)."""
+    lines = (run / "frozen_sets.jsonl").read_text().splitlines()
+    names = json.loads(lines[0])["tensors"]
+    out = []
+    for line in lines[1:]:
+        frozen = json.loads(line)["frozen"]
+        out.append({(s, name): sum(i not in set(mb) for mb in per_mb) / len(per_mb)
+                    for s, per_mb in enumerate(frozen) for i, name in enumerate(names[s])})
     return out
+
+
+def instantaneous(run: Path, batch: float, x: Inputs, fitted: float | None) -> dict[str, list[float]]:
+    """Every model's efficiency at each step of a run (module docstring)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "event" not in r]
+    kept_tensors = tensor_kept(run)
+    momentum = (1 - BETA1) / (1 + BETA1)
+    out: dict[str, list[float]] = {m: [] for m in MODELS}
+    for row, kept in zip(rows, kept_tensors):
+        noise, share, gsq = x.at(row["step"])
+        kept_stage = [1 - r for r in row["freeze_ratio"]]
+        tensor_w = {k: share[k[0]] * x.tensors[k][0] for k in x.tensors}
+        out["free"].append(1.0)
+        out["kept"].append(sum(w * kept.get(k, 1.0) for k, w in tensor_w.items()) / sum(tensor_w.values()))
+        out["mccandlish"].append(_stage(kept_stage, batch, noise, share, 1.0))
+        out["mccandlish-tensor"].append(_tensor(kept, batch, noise, share, x, 1.0))
+        out["momentum"].append(_stage(kept_stage, batch, noise, share, momentum))
+        out["momentum-tensor"].append(_tensor(kept, batch, noise, share, x, momentum))
+        out["fit-tensor"].append(_tensor(kept, batch, noise, share, x, fitted if fitted is not None else 1.0))
+        out["adam"].append(_adam(kept, batch, noise, gsq, x))
+    return out
+
+
+def predictions(run: Path, batch: float, x: Inputs, fitted: float | None, evals: list[int]) -> dict[str, float]:
+    """Every model's prediction for one run, like for like with the measurement (module docstring): the mean of
+    its instantaneous efficiency over the steps before each of the run's second-half evaluations `evals` (steps
+    completed), their median."""
+    inst = instantaneous(run, batch, x, fitted)
+    return {m: statistics.median(statistics.fmean(v[:s]) for s in evals) for m, v in inst.items()}
 
 
 def cells(out: Path) -> list[dict]:
@@ -116,7 +180,9 @@ def cells(out: Path) -> list[dict]:
                 cell, freeze_seed = run.name.rsplit("-f", 1)
                 steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
                 steps = [r for r in steps if "event" not in r]
-                measured = efficiency.summarise(efficiency.pointwise(steps, base), len(steps))
+                points = efficiency.pointwise(steps, base)
+                measured = efficiency.summarise(points, len(steps))
+                measured["evals"] = [s for s, e, _ in points if s > len(steps) / 2 and e is not None]
                 rows.append({"regime": regime_dir.name, "data_seed": int(seed_dir.name[4:]), "cell": cell,
                              "freeze_seed": int(freeze_seed), "run": run, "batch": batch, "inputs": x,
                              "ratios": _json(run / "summary.json")["realised_freeze_ratio"], **measured})
@@ -128,11 +194,11 @@ def fit_scale(rows: list[dict]) -> float:
     fit = [r for r in rows if (r["regime"], r["data_seed"]) in FIT and r["efficiency"] is not None]
     if not fit:
         return 1.0
-    grid = [10 ** (k / 20) for k in range(-60, 21)]
+    grid = [10 ** (k / 10) for k in range(-30, 11)]
 
     def loss(scale: float) -> float:
-        return sum((predictions(r["run"], r["batch"], r["inputs"], scale)["fit-tensor"] - r["efficiency"]) ** 2
-                   for r in fit)
+        return sum((predictions(r["run"], r["batch"], r["inputs"], scale, r["evals"])["fit-tensor"]
+                    - r["efficiency"]) ** 2 for r in fit)
 
     return min(grid, key=loss)
 
@@ -147,7 +213,7 @@ def report(out: Path) -> tuple[str, dict]:
     rows = cells(out)
     scale = fit_scale(rows)
     for r in rows:
-        r["predicted"] = predictions(r["run"], r["batch"], r["inputs"], scale)
+        r["predicted"] = predictions(r["run"], r["batch"], r["inputs"], scale, r["evals"])
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["regime"], r["data_seed"], r["cell"]), []).append(r)
