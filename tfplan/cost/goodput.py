@@ -13,6 +13,18 @@ Freezing pays when goodput > 1. Where (1 - r) B stays well above N_s freezing is
 below N_s it costs almost linearly. With every N_s = 0 the efficiency is 1 and goodput is the speedup. It
 is a hypothesis (Adam is not SGD, stages are not independent), judged against measured equal-time gaps in
 docs/results.md.
+
+Note [learning models]: how a stage's kept share of the batch turns into progress, by name (a profile's noise
+section records which, `learning_model`; docs/cost-model.md says what was measured and why the default):
+  mccandlish  the formula above: w_s = the stage's |G|^2 share, progress w_s e(k B, N_s), e(b, N) = b / (b + N)
+              (McCandlish et al.'s efficiency at the best step size for each batch, for SGD).
+  momentum    the same with Adam's first moment averaging the gradient noise of about (1 + b1) / (1 - b1) steps
+              (19 at b1 = 0.9): N_s (1 - b1) / (1 + b1) in place of N_s.
+  adam        Adam's first-order progress: a step moves each scalar by about lr m / sqrt(v), whose mean is
+              lr G_i / sqrt(G_i^2 + sigma_i^2 / b) (the noise sits in v; m's averages out), so a stage of n
+              scalars with |G|^2 and noise scale N makes lr sqrt(n) |G| / sqrt(1 + N / b) a step: progress
+              u_s sqrt(e(k B, N_s)) with u_s the stage's share of sqrt(n) |G| (`update_share`).
+Each is concave in the kept share k, so the goodput LP (tfplan.solve.fastlp.goodput) cuts it as before.
 """
 
 from __future__ import annotations
@@ -26,6 +38,11 @@ from tfplan.errors import TfplanError
 from tfplan.fileio import field_name
 
 SOURCES = ("measured", "given")
+LEARNING_MODELS = ("mccandlish", "momentum", "adam")
+"""Note [learning models]."""
+DEFAULT_LEARNING_MODEL = "mccandlish"
+"""The model a measured noise section names unless told otherwise (docs/cost-model.md, "Which learning model")."""
+ADAM_BETA1 = 0.9
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,27 +60,53 @@ class NoiseModel:
     """"measured" (tfrun, the two-batch estimator) or "given" (by the user, e.g. an analytic profile)."""
     note: str = ""
     """How it was measured or where it comes from."""
+    learning_model: str = DEFAULT_LEARNING_MODEL
+    """Which model turns a kept share into progress (Note [learning models]); a profile before schema 4 names
+    none: mccandlish, the model it was made for."""
+    adam_beta1: float = ADAM_BETA1
+    """momentum: Adam's first-moment factor (the run's --adam-betas)."""
+    update_share: tuple[float, ...] | None = None
+    """adam: per stage (or layer), its share of sqrt(n) |G| summed over its tensors (n scalars each), summing to
+    1; None for the other models."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {"noise_scale_tokens": list(self.noise_scale_tokens), "grad_sq_share": list(self.grad_sq_share),
-               "microbatch_tokens": self.microbatch_tokens, "source": self.source}
+               "microbatch_tokens": self.microbatch_tokens, "source": self.source,
+               "learning_model": self.learning_model}
+        if self.learning_model == "momentum":
+            out["adam_beta1"] = self.adam_beta1
+        if self.update_share is not None:
+            out["update_share"] = list(self.update_share)
         return out | ({"note": self.note} if self.note else {})
+
+    def terms(self) -> list[tuple[float, float, float]]:
+        """Per stage (weight, noise scale in tokens, power): progress weight x e(kept, noise)^power (Note
+        [learning models])."""
+        if self.learning_model == "adam":
+            assert self.update_share is not None, "the adam model needs update_share"
+            return [(u, n, 0.5) for u, n in zip(self.update_share, self.noise_scale_tokens)]
+        scale = (1 - self.adam_beta1) / (1 + self.adam_beta1) if self.learning_model == "momentum" else 1.0
+        return [(w, n * scale, 1.0) for w, n in zip(self.grad_sq_share, self.noise_scale_tokens)]
 
     def for_stages(self, counts: Sequence[int] | None) -> NoiseModel:
         """A per-layer model summed into stages of `counts` contiguous layers (None: already per stage): a
         stage's |G|^2 share is its layers' sum, its noise scale their tr(Sigma) over their |G|^2."""
         if counts is None:
             return self
-        scales, shares, start = [], [], 0
+        scales, shares, updates, start = [], [], [], 0
         for count in counts:
             w = self.grad_sq_share[start:start + count]
             n = self.noise_scale_tokens[start:start + count]
             total = math.fsum(w)
             shares.append(total)
             scales.append(math.fsum(a * b for a, b in zip(w, n)) / total if total > 0 else 0.0)
+            if self.update_share is not None:
+                updates.append(math.fsum(self.update_share[start:start + count]))
             start += count
         return NoiseModel(noise_scale_tokens=tuple(scales), grad_sq_share=tuple(shares),
-                          microbatch_tokens=self.microbatch_tokens, source=self.source, note=self.note)
+                          microbatch_tokens=self.microbatch_tokens, source=self.source, note=self.note,
+                          learning_model=self.learning_model, adam_beta1=self.adam_beta1,
+                          update_share=tuple(updates) if self.update_share is not None else None)
 
 
 def from_dict(obj: Any, count: int, microbatch_tokens: int | None) -> NoiseModel:
@@ -75,7 +118,8 @@ def from_dict(obj: Any, count: int, microbatch_tokens: int | None) -> NoiseModel
     """
     if not isinstance(obj, dict):
         raise TfplanError("noise: must be an object")
-    known = {"noise_scale_tokens", "grad_sq_share", "microbatch_tokens", "source", "note"}
+    known = {"noise_scale_tokens", "grad_sq_share", "microbatch_tokens", "source", "note", "learning_model",
+             "adam_beta1", "update_share"}
     for key in sorted(set(obj) - known):
         raise TfplanError(f"noise.{field_name(key)}: unknown field (known: {', '.join(sorted(known))})")
     for key in ("noise_scale_tokens", "grad_sq_share", "microbatch_tokens", "source"):
@@ -96,8 +140,23 @@ def from_dict(obj: Any, count: int, microbatch_tokens: int | None) -> NoiseModel
     note = obj.get("note", "")
     if not isinstance(note, str):
         raise TfplanError("noise.note: must be a string")
+    model = obj.get("learning_model", "mccandlish")  # (schema 3 sections name none: the model they were made for)
+    if model not in LEARNING_MODELS:
+        raise TfplanError(f"noise.learning_model: must be one of {', '.join(LEARNING_MODELS)}, got {model!r}")
+    beta1 = obj.get("adam_beta1", ADAM_BETA1)
+    if isinstance(beta1, bool) or not isinstance(beta1, (int, float)) or not 0 <= beta1 < 1:
+        raise TfplanError(f"noise.adam_beta1: must be a number in [0, 1), got {beta1!r}")
+    updates = None
+    if "update_share" in obj:
+        updates = _numbers(obj["update_share"], "noise.update_share", count)
+        if abs(math.fsum(updates) - 1.0) > 1e-6:
+            raise TfplanError(f"noise.update_share: must sum to 1, got {math.fsum(updates):.6g}")
+    if model == "adam" and updates is None:
+        raise TfplanError("noise.update_share: the adam learning model needs it (each stage's share of "
+                          "sqrt(n) |G|: tfplan.cost.goodput Note [learning models])")
     return NoiseModel(noise_scale_tokens=scales, grad_sq_share=shares, microbatch_tokens=tokens,
-                      source=obj["source"], note=note)
+                      source=obj["source"], note=note, learning_model=model, adam_beta1=float(beta1),
+                      update_share=updates)
 
 
 def _numbers(values: Any, path: str, count: int) -> tuple[float, ...]:
@@ -128,9 +187,24 @@ def efficiency(kept_tokens: float, noise_tokens: float) -> float:
 
 
 def progress(means: Sequence[float], batch_tokens: float, noise: NoiseModel) -> float:
-    """P(r): the predicted progress of one step whose stages freeze mean ratios `means` (Note [goodput model])."""
-    return math.fsum(w * efficiency((1.0 - r) * batch_tokens, n)
-                     for r, w, n in zip(means, noise.grad_sq_share, noise.noise_scale_tokens))
+    """P(r): the predicted progress of one step whose stages freeze mean ratios `means` (Notes [goodput model],
+    [learning models])."""
+    return math.fsum(w * efficiency((1.0 - r) * batch_tokens, n) ** p for r, (w, n, p) in zip(means, noise.terms()))
+
+
+def stage_value(term: tuple[float, float, float], mean: float, batch_tokens: float) -> tuple[float, float]:
+    """(e^p, d(e^p)/dm) of one stage's term (weight, noise, power) at mean ratio m (the weight left out), for the
+    goodput LP's cuts: e = e((1 - m) B, N), de/dm = -B N / ((1 - m) B + N)^2; a noiseless stage (1, 0)."""
+    _, noise, power = term
+    if noise <= 0:
+        return 1.0, 0.0
+    kept = (1.0 - mean) * batch_tokens
+    e = kept / (kept + noise)
+    slope = -batch_tokens * noise / (kept + noise) ** 2
+    if power == 1.0:
+        return e, slope
+    e = max(e, 1e-300)  # (m = 1: the slope of e^p is -infinity for p < 1; the cap keeps m below where it matters)
+    return e ** power, power * e ** (power - 1) * slope
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

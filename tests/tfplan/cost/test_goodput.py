@@ -48,6 +48,29 @@ def _dag(name: str, ranks: int, m: int, seed: int):
     return dag_mod.build(sched, prof)
 
 
+def test_the_learning_models_closed_forms_and_their_sections():
+    from tfplan.cost.goodput import from_dict
+
+    base = {"noise_scale_tokens": [1900.0, 3800.0], "grad_sq_share": [0.25, 0.75], "microbatch_tokens": 512,
+            "source": "given"}
+    old = from_dict(base, 2, None)  # a schema-3 section names no model: the one it was made for
+    assert old.learning_model == "mccandlish" and old.to_dict()["learning_model"] == "mccandlish"
+    momentum = from_dict(base | {"learning_model": "momentum", "adam_beta1": 0.9}, 2, None)
+    # N (1 - 0.9) / (1 + 0.9): 100 and 200 tokens
+    assert progress([0.5, 0.0], 4000.0, momentum) == pytest.approx(0.25 * 2000 / 2100 + 0.75 * 4000 / 4200)
+    adam = from_dict(base | {"learning_model": "adam", "update_share": [0.4, 0.6]}, 2, None)
+    assert progress([0.5, 0.0], 4000.0, adam) == pytest.approx(
+        0.4 * (2000 / 3900) ** 0.5 + 0.6 * (4000 / 7800) ** 0.5)
+    assert from_dict(adam.to_dict(), 2, None) == adam and from_dict(momentum.to_dict(), 2, None) == momentum
+    assert adam.for_stages([2]).update_share == (1.0,)
+    for bad, message in (({"learning_model": "sgd"}, "noise.learning_model: must be one of"),
+                         ({"learning_model": "adam"}, "noise.update_share: the adam learning model needs it"),
+                         ({"learning_model": "momentum", "adam_beta1": 1.0}, "noise.adam_beta1: must be"),
+                         ({"update_share": [0.5, 0.6]}, "noise.update_share: must sum to 1")):
+        with pytest.raises(Exception, match=message):
+            from_dict(base | bad, 2, None)
+
+
 def test_without_noise_the_optimum_is_the_makespan_plans_speedup():
     d = _dag("1f1b", 2, 4, 0)
     g = solve_goodput(d, [0.8, 0.8], _noise([0.0, 0.0], [0.5, 0.5]), 2048.0)

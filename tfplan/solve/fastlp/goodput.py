@@ -4,6 +4,7 @@ maximise predicted progress per second (tfplan.cost.goodput Note [goodput model]
 Note [goodput LP]
   The problem is
       max  P(m) / (T + o)     P(m) = sum_s w_s e_s(m_s),  e_s(m) = (1 - m) B / ((1 - m) B + N_s)
+  (or another learning model's concave term: tfplan.cost.goodput Note [learning models])
   over the makespan LP's variables (start times t, ratios r, finish T; tfplan.solve.lp) with m_s the mean ratio of
   stage s (|A_s| m_s = sum_{a in A_s} r_a), 0 <= m_s <= cap_s, and o the profile's step overhead. A ratio of a
   concave function to a positive linear one over a polyhedron: we solve it by Dinkelbach's method, each
@@ -69,7 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tfplan.cost.goodput import NoiseModel, progress
+from tfplan.cost.goodput import NoiseModel, progress, stage_value
 from tfplan.errors import TfplanError
 from tfplan.solve.fastlp.bound import from_tied_dual, safe_lower_bound
 from tfplan.solve.fastlp.dual import dual_layout, tied_dual
@@ -132,43 +133,52 @@ class GoodputSolution:
         return self.goodput > self.unfrozen_goodput * (1 + 1e-9)
 
 
-def efficiency_slope(m: float, batch_tokens: float, noise: float) -> tuple[float, float]:
-    """(e(m), de/dm) of a stage at mean ratio m (Note [goodput LP]); a noiseless stage: (1, 0)."""
-    if noise <= 0:
-        return 1.0, 0.0
-    kept = (1.0 - m) * batch_tokens
-    return kept / (kept + noise), -batch_tokens * noise / (kept + noise) ** 2
-
-
 class _Progress:
-    """P relative to no freezing, the LP's objective scale: each stage's efficiency relative to its unfrozen
-    one, weighted by its share of the unfrozen progress, so that the unfrozen plan has progress 1 and GLOP
-    sees numbers near 1 whatever the noise (its tolerances are absolute)."""
+    """P relative to no freezing, the LP's objective scale: each stage's term of the learning model
+    (tfplan.cost.goodput Note [learning models]) relative to its unfrozen value, weighted by its share of the
+    unfrozen progress, so that the unfrozen plan has progress 1 and GLOP sees numbers near 1 whatever the noise
+    (its tolerances are absolute)."""
 
     def __init__(self, noise: NoiseModel, batch_tokens: float, num_stages: int) -> None:
         self.noise, self.batch = noise, batch_tokens
-        self.e0 = [efficiency_slope(0.0, batch_tokens, x)[0] for x in noise.noise_scale_tokens]
+        self.terms = noise.terms()
+        self.e0 = [stage_value(t, 0.0, batch_tokens)[0] for t in self.terms]
         self.p0 = progress([0.0] * num_stages, batch_tokens, noise)
-        self.w = [wt * e / self.p0 for wt, e in zip(noise.grad_sq_share, self.e0)]
+        self.w = [t[0] * e / self.p0 for t, e in zip(self.terms, self.e0)]
 
     def rel(self, s: int, m: float) -> tuple[float, float]:
-        """(e_s(m) / e_s(0), its slope)."""
-        e, slope = efficiency_slope(m, self.batch, self.noise.noise_scale_tokens[s])
+        """(e_s(m) / e_s(0), its slope), e_s the stage's term."""
+        e, slope = stage_value(self.terms[s], m, self.batch)
         return e / self.e0[s], slope / self.e0[s]
 
     def __call__(self, means: Sequence[float]) -> float:
         return progress(means, self.batch, self.noise) / self.p0
 
     def best_mean(self, s: int, price: float, cap: float) -> float:
-        """argmax over m in [0, cap] of w_s e_s(m) / e_s(0) + price m (Note [goodput certificate]): where
-        the slope w_s e_s'(m) / e_s(0) = -price, ((1 - m) B + N)^2 = w_s B N / (e_s(0) price)."""
-        n, b, w = self.noise.noise_scale_tokens[s], self.batch, self.w[s]
+        """argmax over m in [0, cap] of w_s e_s(m) / e_s(0) + price m (Note [goodput certificate]), where the
+        slope w_s e_s'(m) / e_s(0) = -price: for McCandlish's term, ((1 - m) B + N)^2 = w_s B N / (e_s(0) price);
+        for others, by bisection on the slope (the term is concave: its slope falls with m)."""
+        _, n, power = self.terms[s]
+        b, w = self.batch, self.w[s]
         if price <= 0.0:
             return 0.0  # efficiency never rises with m
         if n <= 0 or w <= 0:
             return cap  # efficiency flat (or weightless): the price alone
-        kept = (math.sqrt(w * b * n / (self.e0[s] * price)) - n) / b  # 1 - m
-        return min(cap, max(0.0, 1.0 - kept))
+        if power == 1.0:
+            kept = (math.sqrt(w * b * n / (self.e0[s] * price)) - n) / b  # 1 - m
+            return min(cap, max(0.0, 1.0 - kept))
+        def gain(m: float) -> float:  # d/dm of the maximised function
+            return w * self.rel(s, m)[1] + price
+
+        if gain(0.0) <= 0.0:
+            return 0.0
+        if gain(cap) >= 0.0:
+            return cap
+        low, high = 0.0, cap
+        for _ in range(60):  # (to 1e-18 of the cap: as exact as the closed form)
+            mid = 0.5 * (low + high)
+            low, high = (mid, high) if gain(mid) > 0.0 else (low, mid)
+        return 0.5 * (low + high)
 
 
 def solve_goodput(dag: Dag, caps: Sequence[float], noise: NoiseModel, batch_tokens: float,

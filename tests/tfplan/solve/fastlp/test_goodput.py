@@ -24,18 +24,20 @@ from tfplan.step import dag as dag_mod
 UNTIED = 10**6  # a margin past every run's length: nothing tied, the full LP
 
 
-def _noise(num_stages: int, seed: int) -> NoiseModel:
+def _noise(num_stages: int, seed: int, model: str = "mccandlish") -> NoiseModel:
     rng = random.Random(seed)
     shares = [rng.uniform(0.2, 1.0) for _ in range(num_stages)]
+    updates = [rng.uniform(0.2, 1.0) for _ in range(num_stages)]
     return NoiseModel(noise_scale_tokens=tuple(rng.choice([0.0, rng.uniform(1e3, 4e4)]) for _ in shares),
-                      grad_sq_share=tuple(x / sum(shares) for x in shares), microbatch_tokens=512, source="given")
+                      grad_sq_share=tuple(x / sum(shares) for x in shares), microbatch_tokens=512, source="given",
+                      learning_model=model, update_share=tuple(x / sum(updates) for x in updates))
 
 
-def _instance(name: str, p: int, m: int, v: int | None, seed: int):
+def _instance(name: str, p: int, m: int, v: int | None, seed: int, model: str = "mccandlish"):
     sched = schedules.generate(name, p, m, v)
     dag = dag_mod.build(sched, _random_profile(sched.num_stages, seed, p2p_ms=0.05))
     caps = [random.Random(seed).choice([0.5, 0.9, 1.0]) for _ in range(sched.num_stages)]
-    return dag, caps, _noise(sched.num_stages, seed), float(m * 512)
+    return dag, caps, _noise(sched.num_stages, seed, model), float(m * 512)
 
 
 def _agrees_with_the_full_lp(dag, caps, noise, batch):
@@ -67,10 +69,12 @@ def test_the_tied_search_agrees_with_the_full_lp_on_random_instances(name, ranks
     _agrees_with_the_full_lp(dag, caps, noise, batch)
 
 
-def test_the_certificate_bounds_the_goodput_at_any_means():
+@pytest.mark.parametrize("model", ["mccandlish", "momentum", "adam"])
+def test_the_certificate_bounds_the_goodput_at_any_means(model):
     # Note [goodput certificate]: P(m) / (T*(m) + o) <= bound for every m in the box, T*(m) the makespan LP's
-    # optimum at caps m by the reference backend (shares nothing with the certificate but the model).
-    dag, caps, noise, batch = _instance("1f1b", 3, 16, None, seed=11)
+    # optimum at caps m by the reference backend (shares nothing with the certificate but the model), for each
+    # learning model's term (tfplan.cost.goodput Note [learning models]).
+    dag, caps, noise, batch = _instance("1f1b", 3, 16, None, seed=11, model=model)
     got = solve_goodput(dag, caps, noise, batch)
     rng = np.random.default_rng(0)
     points = [got.means, [0.0] * len(caps), caps] + [list(rng.uniform(0.0, 1.0, len(caps)) * caps) for _ in range(8)]
@@ -80,6 +84,12 @@ def test_the_certificate_bounds_the_goodput_at_any_means():
         assert value <= got.bound * (1 + 1e-9)
     at_optimum = progress(got.means, batch, noise) / (solver.solve(dag, got.means).makespan_ms + dag.step_overhead_ms)
     assert at_optimum == pytest.approx(got.goodput, rel=1e-8)
+
+
+@pytest.mark.parametrize("model", ["momentum", "adam"])
+def test_the_other_learning_models_find_the_full_lps_optimum(model):
+    dag, caps, noise, batch = _instance("interleaved-1f1b", 2, 16, 2, seed=7, model=model)
+    _agrees_with_the_full_lp(dag, caps, noise, batch)
 
 
 def test_a_margin_too_small_is_caught_by_the_certificate():
