@@ -65,6 +65,15 @@ def cells_of(regime: dict) -> list[str]:
     return [f"s{s}-{r}" for s in range(regime["stages"]) for r in RATIOS] + [f"cap-{c}" for c in CAPS]
 
 
+def _extra_cell(cell: str, regime: dict) -> bool:
+    """A one-stage cell at a ratio outside RATIOS (e.g. s1-0.05, a control that barely freezes)."""
+    kind, _, value = cell.partition("-")
+    try:
+        return kind[0] == "s" and 0 <= int(kind[1:]) < regime["stages"] and 0 < float(value) <= 1
+    except ValueError:
+        return False
+
+
 def run(cmd: list[str]) -> str:
     proc = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True)
     if proc.returncode:
@@ -147,7 +156,7 @@ def main() -> None:
     where = out / args.regime
     where.mkdir(parents=True, exist_ok=True)
     cells = args.cells.split(",") if args.cells else cells_of(regime)
-    unknown = sorted(set(cells) - set(cells_of(regime)))
+    unknown = sorted(c for c in set(cells) - set(cells_of(regime)) if not _extra_cell(c, regime))
     if unknown:
         sys.exit(f"--cells: unknown for {args.regime}: {', '.join(unknown)} (known: {', '.join(cells_of(regime))})")
     profile = profile_of(args.regime, regime, where)

@@ -26,6 +26,11 @@ The models (docs/cost-model.md says which one the planner uses, and why):
                     sqrt(n) |G| / sqrt(1 + N / b) a step (its second moment holds the noise, its first moment's
                     noise averages out), so keeping k of the batch keeps sqrt((1 + N / B) / (1 + N / (k B))) of
                     it, weighted by its share of that progress
+  adam-stage        the same with every tensor of a stage at the stage's kept share (what a planner, who knows
+                    the plan's ratios and not the freezer's draws, computes: tfplan.cost.goodput's adam model)
+  branch            a measured price: the run's own efficiency over its first evaluations, up to 30% of its steps
+                    (what a paired branch of that many steps from the start, with and without the freezing on
+                    the same data, would measure; it costs those steps once more per branch)
 
 Fit and held out (issue 45): the fit cells are data seed 0 of scratch, crossing and finetune; everything else
 (data seed 1, the `small` regime) is held out, and only the fitted model uses the fit cells. A cell passes
@@ -52,7 +57,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 FIT = {("scratch", 0), ("crossing", 0), ("finetune", 0)}
 BETA1 = 0.9
 TOLERANCE = 0.05
-MODELS = ("free", "kept", "mccandlish", "mccandlish-tensor", "momentum", "momentum-tensor", "fit-tensor", "adam")
+MODELS = ("free", "kept", "mccandlish", "mccandlish-tensor", "momentum", "momentum-tensor", "fit-tensor", "adam",
+          "adam-stage", "branch")
 
 
 def _json(path: Path) -> dict:
@@ -135,7 +141,7 @@ def instantaneous(run: Path, batch: float, x: Inputs, fitted: float | None) -> d
     rows = [r for r in rows if "event" not in r]
     kept_tensors = tensor_kept(run)
     momentum = (1 - BETA1) / (1 + BETA1)
-    out: dict[str, list[float]] = {m: [] for m in MODELS}
+    out: dict[str, list[float]] = {m: [] for m in MODELS if m != "branch"}
     for row, kept in zip(rows, kept_tensors):
         noise, share, gsq = x.at(row["step"])
         kept_stage = [1 - r for r in row["freeze_ratio"]]
@@ -148,6 +154,7 @@ def instantaneous(run: Path, batch: float, x: Inputs, fitted: float | None) -> d
         out["momentum-tensor"].append(_tensor(kept, batch, noise, share, x, momentum))
         out["fit-tensor"].append(_tensor(kept, batch, noise, share, x, fitted if fitted is not None else 1.0))
         out["adam"].append(_adam(kept, batch, noise, gsq, x))
+        out["adam-stage"].append(_adam({k: kept_stage[k[0]] for k in x.tensors}, batch, noise, gsq, x))
     return out
 
 
@@ -183,6 +190,8 @@ def cells(out: Path) -> list[dict]:
                 points = efficiency.pointwise(steps, base)
                 measured = efficiency.summarise(points, len(steps))
                 measured["evals"] = [s for s, e, _ in points if s > len(steps) / 2 and e is not None]
+                early = [e for s, e, _ in points if s <= 0.3 * len(steps) and e is not None]
+                measured["branch"] = statistics.median(early) if early else None
                 rows.append({"regime": regime_dir.name, "data_seed": int(seed_dir.name[4:]), "cell": cell,
                              "freeze_seed": int(freeze_seed), "run": run, "batch": batch, "inputs": x,
                              "ratios": _json(run / "summary.json")["realised_freeze_ratio"], **measured})
@@ -214,6 +223,7 @@ def report(out: Path) -> tuple[str, dict]:
     scale = fit_scale(rows)
     for r in rows:
         r["predicted"] = predictions(r["run"], r["batch"], r["inputs"], scale, r["evals"])
+        r["predicted"]["branch"] = r["branch"] if r["branch"] is not None else 1.0
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["regime"], r["data_seed"], r["cell"]), []).append(r)
