@@ -142,7 +142,8 @@ def main() -> None:
                         and all(e is not None and e <= args.reference_error * v for v, e in scales.values())):
                     break
             reference = {s: v for s, (v, _) in scales.items()}
-            exact_text = ", ".join(f"stage {s} {v:,.0f} +- {e or 0:,.0f}" for s, (v, e) in sorted(scales.items()))
+            exact_text = ", ".join(f"stage {s} {v:,.0f} +- {e or 0:,.0f} (largest sequence {ref.peak_share(s):.1%} of "
+                                   f"the sum of |g|^2)" for s, (v, e) in sorted(scales.items()))
             print(f"\n{corpus} corpus, {when}: exact noise scale {exact_text} tokens (jackknife standard error; "
                   f"{ref.sequences} sequences, {time.perf_counter() - t0:.0f} s)", flush=True)
             for seed in seeds:
@@ -158,7 +159,7 @@ def main() -> None:
                         ratios.append(statistics.median(values) / reference[s])
                         key = (measure, estimator)
                         worst[key] = max(worst.get(key, 1.0), ratios[-1], 1 / ratios[-1])
-                    cells.append(f"{measure[:3]} {estimator} " + " / ".join(f"x{r:.2f}" for r in ratios))
+                    cells.append(f"{measure} {estimator} " + " / ".join(f"x{r:.2f}" for r in ratios))
                 print(f"  batch seed {seed}: " + "; ".join(cells), flush=True)
     print("\nlargest factor from the definition over every case, stage and batch seed: " + "; ".join(
         f"{m} {e} {v:.2f}" for (m, e), v in worst.items()), flush=True)

@@ -47,6 +47,8 @@ class ExactNoise:
         """Stage -> bucket -> the sum of its sequences' |g_j|^2."""
         self.counts = [0] * buckets
         self.seq_len = 0
+        self.peak = {s: 0.0 for s in stages}
+        """Stage -> the largest one sequence's |g_j|^2 (how heavy the tail is: peak_share)."""
 
     @property
     def sequences(self) -> int:
@@ -64,15 +66,25 @@ class ExactNoise:
                     p.grad = None
             self.loss_fn(_chain(self.stages, inputs[j:j + 1]), targets[j:j + 1]).backward()
             for s, ps in self.params.items():
+                mine = 0.0
                 for acc, p in zip(self.sums[s][bucket], ps):
                     if p.grad is not None:
                         g = p.grad.double()
                         acc += g
-                        self.sq[s][bucket] += float(g.square().sum())
+                        mine += float(g.square().sum())
+                self.sq[s][bucket] += mine
+                self.peak[s] = max(self.peak[s], mine)
             self.counts[bucket] += 1
         for ps in self.params.values():
             for p in ps:
                 p.grad = None
+
+    def peak_share(self, stage: int) -> float:
+        """The largest one sequence's share of the sum of |g_j|^2 on `stage`: near 1 / N for light tails; a share
+        many times that means one sequence moves tr(Sigma), and so B, by as much (a heavy tail: the reference then
+        converges slowly, and its jackknife error, which no bucket without the sequence sees, understates it)."""
+        total = sum(self.sq[stage])
+        return self.peak[stage] / total if total > 0 else 0.0
 
     def _scale(self, n: int, total_sq: float, sq: float) -> float | None:
         """B in tokens from N sequences, |sum of their gradients|^2 and the sum of their |g_j|^2."""
