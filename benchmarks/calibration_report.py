@@ -7,14 +7,9 @@ scales and |G|^2 shares at each measured step (per stage from metrics.jsonl; per
 end-of-run split of each stage) and the cell's realised freezing at each step (per stage from metrics.jsonl, per
 tensor from frozen_sets.jsonl: the micro-batches each tensor learnt from).
 
-Note [trajectory floor]: a run's losses are exact for its seed, but any change to what it computes moves it onto
-another trajectory: in the large-batch regime a control that freezes 5% of one stage's micro-batches (too little
-to cost learning by any model) ended 100 steps at an eval loss 0.04-0.09 above the unfrozen run's, an efficiency
-of about 0.9 against it. So one unfrozen run is one draw of the unfrozen trajectory, not its typical curve, and
-a cell's efficiency against it carries that draw's luck. The cells are measured against the pointwise median of
-the unfrozen run and the controls (`s0-0.05`, `s1-0.05` at several freeze seeds: calibration.py --cells), and
-the controls' own scatter around it is the floor below which a price cannot be told from the trajectory's
-scatter. The efficiency against the unfrozen run alone is kept beside it (`efficiency_raw`).
+The baseline (tfrun.records.efficiency Note [trajectory floor]): the pointwise median of the unfrozen run and the
+controls (`s0-0.05`, `s1-0.05` at several freeze seeds: calibration.py --cells); the efficiency against the
+unfrozen run alone is kept beside it (`efficiency_raw`).
 
 Like for like: the measured efficiency is cumulative (steps to a loss reached over the whole run so far), while a
 model gives the instantaneous one (progress of one step at that step's noise). So a model's prediction for a run

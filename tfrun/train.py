@@ -269,11 +269,14 @@ def _from_last_stage(value: float, has_last: bool, device: torch.device, dp: int
 
 def _gather_noise(noise: NoiseMeter, num_stages: int) -> dict:
     """A measured step's metrics fields, every stage's on rank 0: `noise_scale_tokens` (smoothed, per stage;
-    null while |G|^2 is not positive) and `grad_sq` (smoothed |G|^2 per stage), and `noise_skipped`, the stages
-    this step left out (tfrun.freeze.noise), when there are any. Collective."""
+    null while |G|^2 is not positive), `grad_sq` (smoothed |G|^2 per stage), `update_norm` (per stage, the adam
+    learning model's weight: tfrun.freeze.noise.NoiseMeter.update_norms), and `noise_skipped`, the stages this
+    step left out (tfrun.freeze.noise), when there are any. Collective."""
     both, skipped = noise.gathered()
+    updates = noise.gathered_update_norms()
     return {"noise_scale_tokens": [noise_scale(*both[s]) if s in both else None for s in range(num_stages)],
             "grad_sq": [both[s][0] if s in both else None for s in range(num_stages)],
+            "update_norm": [updates.get(s) for s in range(num_stages)],
             **({"noise_skipped": skipped} if skipped else {})}
 
 

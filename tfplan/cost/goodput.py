@@ -109,6 +109,18 @@ class NoiseModel:
                           update_share=tuple(updates) if self.update_share is not None else None)
 
 
+def measured(noise_scale_tokens: Sequence[float], grad_sq_share: Sequence[float], microbatch_tokens: int,
+             update_share: Sequence[float] | None = None, *, learning_model: str = DEFAULT_LEARNING_MODEL,
+             adam_beta1: float = ADAM_BETA1, note: str = "") -> NoiseModel:
+    """A noise section measured by tfrun (its summary's or the online mode's figures) under `learning_model`; the
+    adam model needs update shares and falls back to mccandlish without them (a run made before they were
+    measured)."""
+    model = learning_model if learning_model != "adam" or update_share else "mccandlish"
+    return NoiseModel(noise_scale_tokens=tuple(noise_scale_tokens), grad_sq_share=tuple(grad_sq_share),
+                      microbatch_tokens=microbatch_tokens, source="measured", note=note, learning_model=model,
+                      adam_beta1=adam_beta1, update_share=tuple(update_share) if update_share else None)
+
+
 def from_dict(obj: Any, count: int, microbatch_tokens: int | None) -> NoiseModel:
     """Validate a profile's `noise` section for `count` stages (or layers). `microbatch_tokens`: the profile's
     own micro-batch shape in tokens when its source says so (None: unknown), which the section must match.

@@ -18,7 +18,7 @@ from typing import Any
 from tfplan.errors import TfplanError
 from tfplan.fileio import read_json
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """2: schema_version itself, timing_note and prediction_note (version 1 files have no schema_version).
 3: tokens, train_wall_s, eval_s, wall_tokens_per_s (wall-time accounting); medians over the steps in force
 (an online run's stable phase) and an online run's headline prediction is its first plan's; the noise scale
@@ -26,8 +26,10 @@ SCHEMA_VERSION = 5
 4: noise_estimator (the noise scales' estimator, issue 36); its metrics rows carry lr, grad_norm, and on a step
 that was not finite nonfinite and skipped (issue 37), and noise_skipped on a measured step.
 5: noise_measure (the noise estimator's small batch: microbatch or sequence, issue 36); a version 4 file's
-noise scales are per micro-batch."""
-READS_VERSIONS = (1, 2, 3, 4, 5)
+noise scales are per micro-batch.
+6: update_share (the adam learning model's stage weights, issue 45; its metrics rows carry update_norm) and, for
+a tied model split over stages, tied_copies_agree (issue 47)."""
+READS_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 # Field -> kind: "str", "int" (>= 0), "num" (a number; NaN allowed for medians over nothing), "list[num]",
 # "list"; a trailing "?" also allows null.
@@ -45,7 +47,7 @@ FIELDS: dict[str, str] = {
     "replans": "int", "dp": "int",
     "tokens": "int", "train_wall_s": "num", "eval_s": "num", "wall_tokens_per_s": "num?",
     "noise_scale_tokens": "list", "grad_sq_share": "list[num]?", "noise_steps": "int", "noise_estimator": "str",
-    "noise_measure": "str",
+    "noise_measure": "str", "update_share": "list[num]?",
 }
 REQUIRED = ("schedule", "model", "freeze", "steps", "step_time_ms", "tokens_per_s", "mean_freeze_ratio",
             "final_train_loss")

@@ -162,15 +162,14 @@ def combine(root: Path, *, model: str, schedule: str, num_stages: int, split: bo
 def _noise(summary: dict, microbatch_tokens: int, init_from: str | None):
     """The profile's noise section from the primary run's summary (tfrun.freeze.noise), or None when some stage had no
     positive estimate."""
-    from tfplan.cost.goodput import NoiseModel
+    from tfplan.cost import goodput
 
     scales, shares = summary.get("noise_scale_tokens"), summary.get("grad_sq_share")
     if not scales or shares is None or any(x is None or x < 0 for x in scales) or microbatch_tokens < 1:
         return None
     where = f"the weights of {init_from}" if init_from else "initialisation"
-    return NoiseModel(noise_scale_tokens=tuple(scales), grad_sq_share=tuple(shares),
-                      microbatch_tokens=microbatch_tokens, source="measured",
-                      note=f"two-batch estimator (tfrun.freeze.noise), small batch one "
+    return goodput.measured(scales, shares, microbatch_tokens, summary.get("update_share"),
+                            note=f"two-batch estimator (tfrun.freeze.noise), small batch one "
                            f"{summary.get('noise_measure', 'microbatch')} (Note [noise measure]), "
                            f"{summary.get('noise_estimator', 'ema')} "
                            f"smoothing (tfrun.freeze.noise_estimators), median over the "

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from tfplan.cost.goodput import DEFAULT_LEARNING_MODEL, LEARNING_MODELS
 from tfrun.config.train_config import APF_STABLE_SHARE, DEFAULT_NOISE_ESTIMATOR, DEFAULT_NOISE_MEASURE, NOISE_EVERY
 from tfrun.errors import TfrunError
 
@@ -145,6 +146,9 @@ OPTIONS: tuple[Option, ...] = (
     O(name="objective", type=str, default="makespan", panel=ONLINE, help="timely: makespan (the fastest plan within "
       "the caps) or goodput (the most predicted learning per second, from the noise scale measured in the monitor "
       "phase; freezing nothing when it does not pay)."),
+    O(name="learning_model", type=str, default=DEFAULT_LEARNING_MODEL, panel=ONLINE, help="timely, goodput: the "
+      "learning model of the in-run solves: " + ", ".join(LEARNING_MODELS) + " (docs/cost-model.md, 'Which "
+      "learning model')."),
     O(name="warmup_steps", type=int, default=5, panel=ONLINE, help="timely: steps before monitoring."),
     O(name="monitor_steps", type=int, default=15, panel=ONLINE, help="timely: steps timing every action unfrozen."),
     O(name="probe_steps", type=int, default=5, panel=ONLINE, help="timely: steps timing frozen backwards (a quarter "

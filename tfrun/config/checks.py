@@ -26,6 +26,10 @@ def check(config: TrainConfig) -> None:
                          f"got {config.freeze_policy!r}")
     if config.precision not in ("auto", "fp32", "bf16"):
         raise TfrunError(f"--precision must be auto, fp32 or bf16, got {config.precision!r}")
+    from tfplan.cost.goodput import LEARNING_MODELS
+
+    if config.learning_model not in LEARNING_MODELS:
+        raise TfrunError(f"--learning-model must be one of {', '.join(LEARNING_MODELS)}, got {config.learning_model!r}")
     if config.chat_loss not in ("assistant", "all"):
         raise TfrunError(f"--chat-loss must be assistant or all, got {config.chat_loss!r}")
     if config.freeze_method not in ("detach", "grad"):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tfplan.cost.goodput import DEFAULT_LEARNING_MODEL
 from tfrun.errors import TfrunError
 from tfrun.optim.lr_schedule import LrSchedule
 
@@ -190,6 +191,9 @@ class TrainConfig:
     """timely --objective goodput: a stage's noise scale calls for a new plan only when its log moved by more
     than this many standard errors of the plan's and the current estimate (jackknife over the window;
     tfrun.freeze.noise_estimators Note [noise gate]); 0 = the relative rule alone (online.NOISE_REPLAN)."""
+    learning_model: str = DEFAULT_LEARNING_MODEL
+    """timely --objective goodput: the learning model the in-run solves use (tfplan.cost.goodput Note [learning
+    models])."""
     objective: str = "makespan"
     """timely: what the in-run solve optimises: makespan (the fastest plan within the caps) or goodput (the
     most predicted learning per second, from the noise scale measured in the monitor phase)."""

@@ -65,6 +65,8 @@ class NoiseMeter:
         self.every, self.m, self.b_small = every, num_microbatches, microbatch_tokens
         self.dp, self.dp_group = dp, dp_group
         self.names = {s: [c.name for c in cands] for s, cands in stage_candidates.items()}
+        self.numel = {s: torch.tensor([float(c.numel) for c in cands], dtype=torch.float64)
+                      for s, cands in stage_candidates.items()}
         self.active = False
         self._sums: dict[int, StepSums] = {}
         """Stage -> what this step's gradient hooks saw."""
@@ -162,6 +164,20 @@ class NoiseMeter:
         out = {s: noise.stage() for s, noise in self.smoothed.items()}
         return {s: v for s, v in out.items() if v is not None}
 
+    def update_norms(self) -> dict[int, float]:
+        """Stage -> sum over its tensors of sqrt(n |G|^2), n the tensor's scalars: the weight of the adam learning
+        model (tfplan.cost.goodput Note [learning models]), from the smoothed estimates (a tensor without one, or
+        with no positive |G|^2, adds nothing); stages with no estimate left out."""
+        out = {}
+        for s, noise in self.smoothed.items():
+            if not self.measured:
+                continue
+            gsq, _, have = noise.values()
+            part = torch.sqrt(self.numel[s].to(gsq.device) * gsq.clamp(min=0.0)) * have
+            if bool(have.any()):
+                out[s] = float(part.sum())
+        return out
+
     def tensor_estimates(self, stage: int) -> dict[str, tuple[float, float]]:
         """Tensor name -> (|G|^2, tr(Sigma)) smoothed, for one local stage's tensors that have an estimate."""
         if not self.measured or stage not in self.smoothed:
@@ -188,6 +204,10 @@ class NoiseMeter:
         rank: one gather over the default group."""
         parts = _from_every_rank((self.stage_estimates(), self.skipped))
         return {s: v for part, _ in parts for s, v in part.items()}, sorted({s for _, part in parts for s in part})
+
+    def gathered_update_norms(self) -> dict[int, float]:
+        """update_norms of every stage on every rank: one gather over the default group."""
+        return {s: v for part in _from_every_rank(self.update_norms()) for s, v in part.items()}
 
     def gathered_log_spread(self) -> dict[int, float]:
         """Stage -> the jackknife standard error of its log noise scale (TensorNoise.log_spread; Note [noise

@@ -205,10 +205,13 @@ class OnlinePlanner:
             raise TfrunError(f"--objective goodput: the monitor phase measured no positive |G|^2 on some stage "
                              f"(noise scales {scales}): lengthen --monitor-steps")
         total = sum(both[s][0] for s in range(self.config.num_stages))
-        return NoiseModel(noise_scale_tokens=tuple(scales),
-                          grad_sq_share=tuple(both[s][0] / total for s in range(self.config.num_stages)),
-                          microbatch_tokens=self.config.microbatch_size * self.config.seq_len, source="measured",
-                          note="tfrun --freeze timely --objective goodput, the monitor phase")
+        updates = self.noise.gathered_update_norms()
+        norms = [updates.get(s, 0.0) for s in range(self.config.num_stages)]
+        return goodput.measured(scales, [both[s][0] / total for s in range(self.config.num_stages)],
+                                self.config.microbatch_size * self.config.seq_len,
+                                [x / sum(norms) for x in norms] if sum(norms) > 0 else None,
+                                learning_model=self.config.learning_model, adam_beta1=self.config.adam_betas[0],
+                                note="tfrun --freeze timely --objective goodput, the monitor phase")
 
     def _noise_spread(self) -> dict[int, float]:
         """Under --noise-replan-z, the stages' jackknife standard errors of their log noise scales (every rank

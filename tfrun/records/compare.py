@@ -249,17 +249,17 @@ def _efficiency_fields(run: Run, base: Run) -> dict:
 
 
 def predicted_efficiency(run: Run, base: Run) -> float | None:
-    """The learning model's efficiency for a run: its realised mean ratio per stage at its own measured noise
-    scale and |G|^2 shares (the baseline's where the run measured none; tfplan.cost.goodput); None without
-    either."""
-    from tfplan.cost.goodput import NoiseModel, progress
+    """The learning model's efficiency for a run (tfplan.cost.goodput's default, Note [learning models]): its
+    realised mean ratio per stage at its own measured noise scale and shares (the baseline's where the run
+    measured none); None without either."""
+    from tfplan.cost.goodput import measured, progress
 
     ratios = run.summary.get("realised_freeze_ratio")
     source = next((r.summary for r in (run, base) if _has_noise(r.summary)), None)
     if not ratios or source is None:
         return None
-    noise = NoiseModel(noise_scale_tokens=tuple(source["noise_scale_tokens"]),
-                       grad_sq_share=tuple(source["grad_sq_share"]), microbatch_tokens=1, source="measured")
+    noise = measured(source["noise_scale_tokens"], source["grad_sq_share"], 1, source.get("update_share"),
+                     adam_beta1=(run.config.get("adam_betas") or [0.9])[0])
     batch = _step_tokens(run.config)
     unfrozen = progress([0.0] * len(ratios), batch, noise)
     return progress(ratios, batch, noise) / unfrozen if unfrozen > 0 else None

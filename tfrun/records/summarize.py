@@ -130,8 +130,10 @@ def summarize(config: TrainConfig, metrics: list[dict], records: list[ActionTime
 
 def _noise_fields(config: TrainConfig, metrics: list[dict]) -> dict:
     """`noise_scale_tokens` (per stage, the median over the measured steps of the smoothed estimate; null when
-    none was positive) and `grad_sq_share` (per stage, the median share of |G|^2; they sum to about 1), and
-    `noise_steps` (steps measured); {} when the run measured none (tfrun.freeze.noise Note [noise scale])."""
+    none was positive), `grad_sq_share` (per stage, the median share of |G|^2), `update_share` (the same of the
+    adam learning model's weight, sqrt(n |G|^2) summed over a stage's tensors: tfplan.cost.goodput Note [learning
+    models]), and `noise_steps` (steps measured); {} when the run measured none (tfrun.freeze.noise Note [noise
+    scale])."""
     rows = [row for row in metrics if "noise_scale_tokens" in row]
     if not rows:
         return {}
@@ -143,11 +145,26 @@ def _noise_fields(config: TrainConfig, metrics: list[dict]) -> dict:
         total = sum(g for g in row["grad_sq"] if g is not None and g > 0)
         if total > 0 and all(g is not None for g in row["grad_sq"]):
             shares.append([max(g, 0.0) / total for g in row["grad_sq"]])
-    share = [statistics.median(col) for col in zip(*shares)] if shares else None
-    if share:
-        share = [x / sum(share) for x in share]  # medians of shares need not sum to 1: renormalised
-    return {"noise_scale_tokens": scales, "grad_sq_share": share, "noise_steps": len(rows),
+    return {"noise_scale_tokens": scales, "grad_sq_share": _median_share(rows, "grad_sq"),
+            "update_share": _median_share(rows, "update_norm"), "noise_steps": len(rows),
             "noise_estimator": config.noise_estimator, "noise_measure": config.noise_measure}
+
+
+def _median_share(rows: list[dict], key: str) -> list[float] | None:
+    """Per stage, the median over the measured steps that estimated every stage of its share of the rows' `key`
+    (grad_sq, update_norm), renormalised (medians of shares need not sum to 1); None without such a step."""
+    shares = []
+    for row in rows:
+        values = row.get(key)
+        if values is None or any(g is None for g in values):
+            continue
+        total = sum(g for g in values if g > 0)
+        if total > 0:
+            shares.append([max(g, 0.0) / total for g in values])
+    if not shares:
+        return None
+    share = [statistics.median(col) for col in zip(*shares)]
+    return [x / sum(share) for x in share]
 
 
 def _wall_ms(row: dict) -> float:

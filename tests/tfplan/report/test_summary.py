@@ -39,7 +39,7 @@ def test_a_summary_as_tfrun_writes_it_passes(tmp_path) -> None:
     ({"steps": True}, r"^steps: must be an integer >= 0, got true"),
     ({"prediction_error": "big"}, r'^prediction_error: must be a number or null, got "big"'),
     ({"mean_freeze_ratio": [0.1, "x"]}, r"^mean_freeze_ratio: must be a list of numbers"),
-    ({"schema_version": 6}, r"^schema_version: must be one of \(1, 2, 3, 4, 5\), got 6"),
+    ({"schema_version": 7}, r"^schema_version: must be one of \(1, 2, 3, 4, 5, 6\), got 7"),
 ])
 def test_damage_names_the_field(change, message) -> None:
     with pytest.raises(TfplanError, match=message):
