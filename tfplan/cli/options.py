@@ -77,7 +77,7 @@ DpLinkOpt = Annotated[
 
 
 def job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp=1,
-             dp_link=None) -> JobSpec:
+             dp_link=None, learning_model=None) -> JobSpec:
     return JobSpec(
         profile_path=profile,
         schedule=schedule,
@@ -88,7 +88,16 @@ def job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ran
         layers_per_stage=parse_int_list(layers_per_stage, "--layers-per-stage"),
         dp=dp,
         dp_link=dp_link,
+        learning_model=learning_model,
     )
+
+
+LearningModelOpt = Annotated[
+    str | None,
+    typer.Option("--learning-model", help="Read the profile's noise section under this learning model: mccandlish, "
+                                          "momentum or adam (tfplan.cost.goodput Note [learning models]; default: "
+                                          "the one the section names; docs/cost-model.md, 'Which learning model')."),
+]
 
 
 CapsOpt = Annotated[

@@ -19,6 +19,7 @@ from tfplan.cli.options import (
     DpOpt,
     JsonOpt,
     LayersPerStageOpt,
+    LearningModelOpt,
     MicrobatchesOpt,
     Objective,
     ProfileOpt,
@@ -81,6 +82,7 @@ def solve_cmd(
                                          "learning per second (needs the profile's noise section; freezes nothing "
                                          "when freezing does not pay at this batch)."),
     ] = Objective.makespan,
+    learning_model: LearningModelOpt = None,
 ) -> None:
     """Solve the TimelyFreeze LP: a freeze ratio per (stage, micro-batch) action that minimises the step time
     under the per-stage cap on the mean freeze ratio; or, with --objective goodput, that maximises predicted
@@ -95,7 +97,7 @@ def solve_cmd(
 
     with user_errors():
         spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp,
-                        dp_link)
+                        dp_link, learning_model)
         plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup, solver_backend.value, time_limit,
                              stage0_anchor, objective.value)
         csv_path = plan_mod.write(plan_obj, output) if output else None
@@ -116,6 +118,7 @@ def show_cmd(
                                                         "noise section (any plan, whatever it was solved for).")
     ] = None,
     as_json: JsonOpt = False,
+    learning_model: LearningModelOpt = None,
 ) -> None:
     """Show a saved plan: predicted speedup (and goodput), per-stage ratios, heat map and timelines.
 
@@ -128,7 +131,7 @@ def show_cmd(
     with user_errors():
         plan_obj = plan_mod.load(plan_path)
         if profile is not None:
-            plan_obj = with_goodput(plan_obj, profile)
+            plan_obj = with_goodput(plan_obj, profile, learning_model)
         if trace:
             dag = plan_obj.dag
             sim = simulate_mod.simulate(dag, dag.durations(list(plan_obj.ratios)))
@@ -141,8 +144,9 @@ def show_cmd(
             out().print(f"trace written to {trace} (open in https://ui.perfetto.dev)")
 
 
-def with_goodput(plan_obj, profile_path: str):
-    """The plan with its goodput evaluated on `profile_path`'s noise section (tfplan.cost.goodput)."""
+def with_goodput(plan_obj, profile_path: str, learning_model: str | None = None):
+    """The plan with its goodput evaluated on `profile_path`'s noise section (tfplan.cost.goodput), under
+    `learning_model` (None: the one the section names)."""
     import dataclasses
 
     from tfplan.cost import goodput
@@ -154,6 +158,8 @@ def with_goodput(plan_obj, profile_path: str):
     if noise is None:
         raise TfplanError(f"{profile_path}: no noise section to evaluate goodput with: measure it (tfplan profile) "
                           "or give it (tfplan profile --analytic ... --noise-scale N)")
+    if learning_model is not None:
+        noise = goodput.with_learning_model(noise, learning_model)
     batch = float(prof.dp * sched.num_microbatches * noise.microbatch_tokens)
     objective = plan_obj.goodput.objective if plan_obj.goodput is not None else "makespan"
     p = plan_obj.predicted
@@ -186,6 +192,7 @@ def whatif_cmd(
     as_json: JsonOpt = False,
     solver_backend: SolverOpt = Backend.auto,
     time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S,
+    learning_model: LearningModelOpt = None,
 ) -> None:
     """What-if sweep on a laptop: every schedule x micro-batch count x cap, with the naive uniform-freezing
     baseline at the same mean ratio; with a noise scale (the profile's, or --noise-scale), each row's
@@ -231,6 +238,7 @@ def whatif_cmd(
                 dps=dps,
                 dp_link=dp_link,
                 noise_scale=split_list(noise_scale, "--noise-scale", float) if noise_scale else None,
+                learning_model=learning_model,
             )
         if csv_out:
             write_text_atomic(csv_out, sweep_mod.to_csv(rows))

@@ -150,7 +150,7 @@ def given_noise(prof, noise_scale: str, grad_sq_share: str | None, microbatch_to
     scales = scales * count if len(scales) == 1 else scales
     shares = _floats(grad_sq_share, "--grad-sq-share") if grad_sq_share else [1.0 / count] * count
     obj = {"noise_scale_tokens": scales, "grad_sq_share": shares, "microbatch_tokens": microbatch_tokens,
-           "source": "given", "note": "given on the command line"}
+           "source": "given", "note": "given on the command line", **goodput.given_model(count, shares)}
     try:
         return dataclasses.replace(prof, noise=goodput.from_dict(obj, count, microbatch_tokens))
     except TfplanError as exc:  # name the option, not the file field

@@ -121,6 +121,33 @@ def measured(noise_scale_tokens: Sequence[float], grad_sq_share: Sequence[float]
                       adam_beta1=adam_beta1, update_share=tuple(update_share) if update_share else None)
 
 
+def given_model(count: int, shares: Sequence[float] | None = None) -> dict[str, Any]:
+    """The learning-model fields of a noise section a user gives (`--noise-scale`): the default model, and for
+    adam update shares equal to the |G|^2 shares (`shares`, else equal), as nothing measured them."""
+    shares = list(shares) if shares is not None else [1.0 / count] * count
+    total = math.fsum(shares)
+    out: dict[str, Any] = {"learning_model": DEFAULT_LEARNING_MODEL}
+    if DEFAULT_LEARNING_MODEL == "adam" and total > 0:
+        out["update_share"] = [x / total for x in shares]
+    return out
+
+
+def with_learning_model(noise: NoiseModel, name: str) -> NoiseModel:
+    """The noise section read under another learning model (`--learning-model`).
+
+    Raises:
+        TfplanError: an unknown name, or adam for a section without update shares (measured before them).
+    """
+    import dataclasses
+
+    if name not in LEARNING_MODELS:
+        raise TfplanError(f"--learning-model must be one of {', '.join(LEARNING_MODELS)}, got {name!r}")
+    if name == "adam" and noise.update_share is None:
+        raise TfplanError("--learning-model adam: the profile's noise section has no update_share (measured before "
+                          "it was recorded): measure the profile again (tfplan profile)")
+    return dataclasses.replace(noise, learning_model=name)
+
+
 def from_dict(obj: Any, count: int, microbatch_tokens: int | None) -> NoiseModel:
     """Validate a profile's `noise` section for `count` stages (or layers). `microbatch_tokens`: the profile's
     own micro-batch shape in tokens when its source says so (None: unknown), which the section must match.

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from tfplan.cost import goodput
 from tfplan.cost import profile as profile_mod
 from tfplan.errors import TfplanError
 from tfplan.schedule import schedules
@@ -41,6 +42,9 @@ class JobSpec:
     """Data-parallel replicas of the pipeline (tfplan.cost.dataparallel)."""
     dp_link: str | None = None
     """The link between replicas (tfplan.cost.dataparallel.parse_link); needed when dp differs from the profile's."""
+    learning_model: str | None = None
+    """Read the profile's noise section under this learning model (tfplan.cost.goodput Note [learning models]);
+    None: the one it names."""
 
 
 def resolve_schedule(spec: JobSpec, profile: profile_mod.Profile) -> schedules.Schedule:
@@ -83,7 +87,10 @@ def load_profile(spec: JobSpec) -> profile_mod.Profile:
 
     profile = profile_mod.load(spec.profile_path)
     link = dataparallel.parse_link(spec.dp_link, profile) if spec.dp_link else None
-    return dataparallel.with_dp(profile, spec.dp, link)
+    profile = dataparallel.with_dp(profile, spec.dp, link)
+    if spec.learning_model is not None and profile.noise is not None:
+        profile = replace(profile, noise=goodput.with_learning_model(profile.noise, spec.learning_model))
+    return profile
 
 
 def build(spec: JobSpec) -> tuple[profile_mod.Profile, schedules.Schedule, dag_mod.Dag]:

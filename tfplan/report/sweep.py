@@ -73,12 +73,13 @@ def sweep(
     dps: Sequence[int] = (1,),
     dp_link: str | None = None,
     noise_scale: Sequence[float] | None = None,
+    learning_model: str | None = None,
 ) -> list[SweepRow]:
     """Solve every combination (x data-parallel degree); combinations a schedule cannot run, or without a
     feasible plan within the time limit (per solve), are returned with `skipped` set.
 
     `noise_scale` (tokens, one value or one per stage or layer of the profile) replaces the profile's noise
-    section (shares of |G|^2 equal).
+    section (shares of |G|^2 equal); `learning_model` reads the noise section under that model.
 
     Raises:
         TfplanError: a bad profile, unknown schedule name, cap outside [0, 1], time limit, or a data-parallel
@@ -89,6 +90,10 @@ def sweep(
     base = load(profile_path)
     if noise_scale is not None:
         base = _given_noise(base, noise_scale)
+    if learning_model is not None and base.noise is not None:
+        from tfplan.cost import goodput
+
+        base = dataclasses.replace(base, noise=goodput.with_learning_model(base.noise, learning_model))
     check_caps_list(caps)
     check_backend(backend)
     check_time_limit(time_limit_s)
@@ -193,7 +198,7 @@ def _given_noise(profile, scales: Sequence[float]):
     count = len(profile.stages if profile.stages is not None else profile.layers)
     scales = list(scales) * count if len(scales) == 1 else list(scales)
     obj = {"noise_scale_tokens": scales, "grad_sq_share": [1.0 / count] * count, "microbatch_tokens": tokens,
-           "source": "given"}
+           "source": "given", **goodput.given_model(count)}
     try:
         return dataclasses.replace(profile, noise=goodput.from_dict(obj, count, tokens))
     except TfplanError as exc:

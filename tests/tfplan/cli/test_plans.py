@@ -157,3 +157,27 @@ def test_whatif_json_is_strict_json() -> None:
 
     rows = json.loads(out, parse_constant=reject)
     assert rows[0]["skipped"] and rows[0]["planned_ms"] is None
+
+
+def test_the_learning_model_is_selectable_by_name(tmp_path) -> None:
+    """--learning-model reads the profile's noise section under another model (tfplan.cost.goodput Note [learning
+    models]): the goodput record names it, solve, show and whatif take it, and adam without update shares is one
+    line."""
+    from tests.conftest import PROFILES
+
+    noisy = str(PROFILES / "tiny-cpu-2stages-mb2.json")
+    args = ["solve", "-p", noisy, "-s", "1f1b", "-m", "8", "--objective", "goodput", "--json"]
+    default = json.loads(ok(*args).output)["goodput"]
+    momentum = json.loads(ok(*args, "--learning-model", "momentum").output)["goodput"]
+    assert default["noise"]["learning_model"] == "mccandlish" and momentum["noise"]["learning_model"] == "momentum"
+    assert momentum["efficiency"] > default["efficiency"]  # the momentum model prices freezing lower
+    result = run(*args, "--learning-model", "adam")
+    assert result.exit_code == 1 and "no update_share" in result.output and "\n" not in result.output.strip()
+    assert run(*args, "--learning-model", "sgd").exit_code == 1
+    plan = tmp_path / "plan.json"
+    ok("solve", "-p", noisy, "-s", "1f1b", "-m", "8", "-o", str(plan))
+    shown = json.loads(ok("show", str(plan), "--profile", noisy, "--learning-model", "momentum", "--json").output)
+    assert shown["goodput"]["noise"]["learning_model"] == "momentum"
+    rows = json.loads(ok("whatif", "-p", noisy, "--schedules", "1f1b", "-m", "8", "--caps", "0.9", "--json",
+                         "--learning-model", "momentum").output)
+    assert rows[0]["goodput"] > 0
