@@ -91,9 +91,10 @@ class Inputs:
         self.tensors: dict[tuple[int, str], tuple[float, float]] = {}
         """(stage, name) -> (its share of the stage's |G|^2, its noise scale over the stage's)."""
         for st in _json(none / "noise_tensors.json")["stages"]:
-            for t in st["tensors"]:
-                self.tensors[st["stage"], t["name"]] = (t["grad_sq"] / st["grad_sq"],
-                                                        t["noise_scale_tokens"] / st["noise_scale_tokens"])
+            for t in st["tensors"]:  # (a tensor whose |G|^2 estimate is not positive: no noise scale of its own)
+                ratio = (t["noise_scale_tokens"] / st["noise_scale_tokens"] if t["noise_scale_tokens"] is not None
+                         and st["noise_scale_tokens"] else 1.0)
+                self.tensors[st["stage"], t["name"]] = (max(t["grad_sq"], 0.0) / st["grad_sq"], ratio)
 
     def at(self, step: int) -> tuple[list[float], list[float], list[float]]:
         """(noise scale per stage, |G|^2 share per stage, |G|^2 per stage) of the last measurement at or before

@@ -40,7 +40,7 @@ from tfplan.fileio import field_name
 SOURCES = ("measured", "given")
 LEARNING_MODELS = ("mccandlish", "momentum", "adam")
 """Note [learning models]."""
-DEFAULT_LEARNING_MODEL = "mccandlish"
+DEFAULT_LEARNING_MODEL = "adam"
 """The model a measured noise section names unless told otherwise (docs/cost-model.md, "Which learning model")."""
 ADAM_BETA1 = 0.9
 
@@ -60,9 +60,10 @@ class NoiseModel:
     """"measured" (tfrun, the two-batch estimator) or "given" (by the user, e.g. an analytic profile)."""
     note: str = ""
     """How it was measured or where it comes from."""
-    learning_model: str = DEFAULT_LEARNING_MODEL
-    """Which model turns a kept share into progress (Note [learning models]); a profile before schema 4 names
-    none: mccandlish, the model it was made for."""
+    learning_model: str = "mccandlish"
+    """Which model turns a kept share into progress (Note [learning models]). A section that names none (a
+    profile before schema 4) is mccandlish, the model it was made for; what tfrun measures and a user gives
+    name DEFAULT_LEARNING_MODEL (`measured`, `given_model`)."""
     adam_beta1: float = ADAM_BETA1
     """momentum: Adam's first-moment factor (the run's --adam-betas)."""
     update_share: tuple[float, ...] | None = None

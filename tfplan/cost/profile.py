@@ -10,7 +10,9 @@ Format (docs/formats.md has the full reference)::
 
 Version 1 (no dispatch_ms, quality or tail_ms) still loads, with those at 0 / absent. Version 3 adds the
 optional "noise" section (tfplan.cost.goodput: per stage or layer, the gradient noise scale and |G|^2 share, and
-the micro-batch shape they were measured at); versions 1 and 2 load without it.
+the micro-batch shape they were measured at); versions 1 and 2 load without it. Version 4 (issue 45) lets the
+noise section name its learning model (`learning_model`, `adam_beta1`, `update_share`: tfplan.cost.goodput Note
+[learning models]); a version-3 section names none and is read as mccandlish, the model it was made for.
 
 Instead of "stages", a profile may give "layers" (same fields plus an optional "name"); tfplan then splits
 the layers into the schedule's stage count, contiguously and balanced by time (Note [layer partition]).
@@ -32,8 +34,8 @@ from tfplan.cost.goodput import NoiseModel
 from tfplan.errors import TfplanError
 from tfplan.fileio import field_name, read_json
 
-SCHEMA_VERSION = 3
-READS_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READS_VERSIONS = (1, 2, 3, 4)
 COST_FIELDS = (
     "forward_ms",
     "backward_ms",

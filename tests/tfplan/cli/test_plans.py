@@ -161,17 +161,26 @@ def test_whatif_json_is_strict_json() -> None:
 
 def test_the_learning_model_is_selectable_by_name(tmp_path) -> None:
     """--learning-model reads the profile's noise section under another model (tfplan.cost.goodput Note [learning
-    models]): the goodput record names it, solve, show and whatif take it, and adam without update shares is one
-    line."""
+    models]): the goodput record names it, solve, show and whatif take it, and adam on a section without update
+    shares (a schema-3 profile's) is one line."""
     from tests.conftest import PROFILES
 
     noisy = str(PROFILES / "tiny-cpu-2stages-mb2.json")
     args = ["solve", "-p", noisy, "-s", "1f1b", "-m", "8", "--objective", "goodput", "--json"]
     default = json.loads(ok(*args).output)["goodput"]
+    old = json.loads(ok(*args, "--learning-model", "mccandlish").output)["goodput"]
     momentum = json.loads(ok(*args, "--learning-model", "momentum").output)["goodput"]
-    assert default["noise"]["learning_model"] == "mccandlish" and momentum["noise"]["learning_model"] == "momentum"
-    assert momentum["efficiency"] > default["efficiency"]  # the momentum model prices freezing lower
-    result = run(*args, "--learning-model", "adam")
+    assert default["noise"]["learning_model"] == "adam"  # the shipped profile names the default
+    assert old["noise"]["learning_model"] == "mccandlish" and momentum["noise"]["learning_model"] == "momentum"
+    assert momentum["efficiency"] > old["efficiency"]  # the momentum model prices freezing lower
+    legacy = json.loads(open(noisy).read())
+    legacy["schema_version"] = 3
+    for key in ("learning_model", "update_share"):
+        del legacy["noise"][key]
+    (tmp_path / "v3.json").write_text(json.dumps(legacy))
+    v3 = ["solve", "-p", str(tmp_path / "v3.json"), "-s", "1f1b", "-m", "8", "--objective", "goodput", "--json"]
+    assert json.loads(ok(*v3).output)["goodput"]["noise"]["learning_model"] == "mccandlish"
+    result = run(*v3, "--learning-model", "adam")
     assert result.exit_code == 1 and "no update_share" in result.output and "\n" not in result.output.strip()
     assert run(*args, "--learning-model", "sgd").exit_code == 1
     plan = tmp_path / "plan.json"

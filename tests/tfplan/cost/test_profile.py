@@ -46,8 +46,8 @@ BAD = [
         1.5,
         "stages[2].backward_weight_frozen_ms: must be <= backward_weight_ms (1), got 1.5",
     ),
-    ("schema 4", "schema_version", 4, "schema_version: must be one of (1, 2, 3), got 4"),
-    ("schema string", "schema_version", "1", 'schema_version: must be one of (1, 2, 3), got "1"'),
+    ("schema 5", "schema_version", 5, "schema_version: must be one of (1, 2, 3, 4), got 5"),
+    ("schema string", "schema_version", "1", 'schema_version: must be one of (1, 2, 3, 4), got "1"'),
     ("stages not a list", "stages", {"0": STAGE}, "stages: must be a non-empty list"),
     ("stages empty", "stages", [], "stages: must be a non-empty list"),
     ("stage not an object", "stages[1]", [1, 2, 3], "stages[1]: must be an object, got list"),
@@ -123,7 +123,7 @@ def test_version_2_round_trip_with_dispatch_tails_and_quality() -> None:
     prof = profile.from_dict(_valid_v2())
     assert prof.dispatch_ms == 0.3 and prof.stages[0].tail_ms == 1.5 and prof.quality["replay_gap"] == -0.04
     assert profile.from_dict(json.loads(json.dumps(prof.to_dict()))) == prof
-    assert prof.to_dict()["schema_version"] == 3 and "noise" not in prof.to_dict()
+    assert prof.to_dict()["schema_version"] == profile.SCHEMA_VERSION == 4 and "noise" not in prof.to_dict()
 
 
 NOISE = {"noise_scale_tokens": [1800.0, 2400.0], "grad_sq_share": [0.25, 0.75], "microbatch_tokens": 512,
