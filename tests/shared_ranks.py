@@ -9,10 +9,10 @@ tfrun.distributed.launch.launch, which writes OUT/run_config.json and, after the
 the summary, or (tfplan profile) tfplan.cost.measured's `python -m tfrun profile`, whose tfrun.cli.profiling calls
 launch.launch for each measuring run; and every rank runs tfrun.cli.worker.main on that run_config.json, as the
 processes torchrun starts do. Only the process creation is replaced: tfplan.cost.measured's subprocess runs tfrun's CLI
-in the launcher's process, and launch's torchrun Popen becomes a message to ranks that are already running in
-one gloo group (spawned once; the group is kept between jobs, so run_worker's teardown of it is skipped),
-with the environment launch gives its workers. A real `tfrun train` costs about 10 s of process start-up on 2 cores
-(the launcher's, torchrun's and every rank's torch import) before its first step.
+in the launcher's process, and launch's forked ranks (launch.start_ranks) become a message to ranks that are already
+running in one gloo group (spawned once; the group is kept between jobs, so run_worker's teardown of it is skipped),
+with the environment launch gives its ranks. A real `tfrun train` pays the launcher's imports (torch and its
+pipelining package, about 4 s on 2 cores) before its first step.
 
 What this leaves out, the real launch, is tested with real processes in tests/tfrun/test_train.py (outputs, a
 signal to the launcher, a killed rank, joining an external torchrun) and tests/tfrun/distributed/test_rank.py.
@@ -29,7 +29,6 @@ import subprocess
 import sys
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 
 Command = tuple[list[str], dict[str, str]] | tuple[list[str], dict[str, str], list[tuple[Path, Path]]]
 """The command line (tfrun or tfplan, then its arguments), extra environment variables for it (as env= of
@@ -149,19 +148,24 @@ def _launcher(world: int, commands: list[Command], work: Path) -> None:
         finally:
             sys.argv, stdout["path"] = saved_argv, saved_stdout
 
-    class Popen:
-        """launch.launch's torchrun: the job's ranks run tfrun.cli.worker.main on CONFIG (the last argument)."""
+    class Job:
+        """launch.start_ranks's forked ranks: the job's ranks run tfrun.cli.worker.main on its config."""
 
-        def __init__(self, cmd: list[str], *, env: dict[str, str], stderr, **_) -> None:
-            message = [(cmd[-1], env, stdout["path"], str(Path(cmd[-1]).parent / "launcher.log"))]
+        def __init__(self, config_path, world_size: int, env: dict[str, str], stderr, threads: int) -> None:
+            assert world_size == world, (world_size, world)
+            message = [(str(config_path), dict(os.environ) | env, stdout["path"],
+                        str(Path(config_path).parent / "launcher.log"))]
             dist.broadcast_object_list(message, src=0)
-            self.pid = -1
-            self.returncode = _worker(0, world, *message[0], stderr_fd=stderr.fileno())
+            self.exit_codes = {0: _worker(0, world, *message[0], stderr_fd=stderr.fileno())}
+            self.stopped: set[int] = set()
 
-        def wait(self) -> int:
-            return self.returncode
+        def wait(self) -> None:
+            pass
 
-    real_run, nested = subprocess.run, [0]
+        def kill(self) -> None:
+            pass
+
+    real_run, real_start, nested = subprocess.run, launch.start_ranks, [0]
 
     def run(cmd, *args, **kwargs):
         """subprocess.run, except that `python -m tfrun ...` (tfplan profile's measuring job, tfplan.cost.measured)
@@ -174,7 +178,7 @@ def _launcher(world: int, commands: list[Command], work: Path) -> None:
         code = call(["tfrun", *cmd[3:]], out, err)
         return subprocess.CompletedProcess(cmd, code, out.read_text(), err.read_text())
 
-    launch.subprocess = SimpleNamespace(Popen=Popen)
+    launch.start_ranks = Job
     subprocess.run = run
     try:
         for i, (argv, env, *copies) in enumerate(commands):
@@ -185,16 +189,16 @@ def _launcher(world: int, commands: list[Command], work: Path) -> None:
                     shutil.copyfile(source, destination)
             (work / f"cmd{i}.json").write_text(json.dumps({"returncode": code}))
     finally:
-        launch.subprocess = subprocess
+        launch.start_ranks = real_start
         subprocess.run = real_run
         dist.broadcast_object_list([None], src=0)
 
 
 def _worker(rank: int, world: int, config_path: str, env: dict[str, str], stdout: str, log: str,
             stderr_fd: int | None = None) -> int:
-    """One rank of one job: tfrun.cli.worker.main(CONFIG) in the environment launch gives torchrun, with the
-    variables torchrun adds; its stdout to the job's, its stderr to the job's launcher.log. Returns the job's
-    exit code (0 when every rank's is 0) on every rank."""
+    """One rank of one job: tfrun.cli.worker.main(CONFIG) in the launcher's environment with what launch gives its
+    ranks, and the variables torchrun would add; its stdout to the job's, its stderr to the job's launcher.log.
+    Returns the job's exit code (0 when every rank's is 0) on every rank."""
     import torch.distributed as dist
 
     from tfrun.cli import worker

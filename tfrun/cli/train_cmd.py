@@ -23,7 +23,7 @@ def train_cmd(ctx: typer.Context, **options) -> None:
     """Train with the plan's schedule, freezing each (stage, micro-batch) action's share of parameters; or, with
     --freeze timely, measure the pipeline, solve the plan and freeze inside this one run.
 
-    Starts the plan's number of ranks on this host through torch.distributed.run, or joins an external
+    Starts the plan's number of ranks on this host (forked from this process), or joins an external
     `torchrun` job. Writes metrics.jsonl, summary.json, profile.json and checkpoints to --out (and plan.json,
     plans/ for timely). SIGINT or SIGTERM stops after the current step with a checkpoint (a second one aborts);
     --resume DIR continues.

@@ -1,5 +1,5 @@
-"""One rank of a tfrun job: `python -m tfrun.cli.worker CONFIG.json` (started by torchrun; see
-tfrun.distributed.launch).
+"""One rank of a tfrun job: forked by tfrun's launcher (tfrun.distributed.launch Note [forked ranks]), or
+`python -m tfrun.cli.worker CONFIG.json` under a launcher of your own that sets torchrun's variables.
 
 Joins the process group (nccl when this rank has a CUDA device, else gloo), runs the training loop and on
 failure leaves a one-line error for the launcher in OUT/errors/rank{r}.txt before exiting with code 1.
@@ -21,22 +21,29 @@ import torch
 import torch.distributed as dist
 
 from tfrun.config.train_config import TrainConfig
+from tfrun.distributed.launch import STORE_ENV
 from tfrun.distributed.signals import STOP_FILE, StopRequest
 from tfrun.errors import TfrunError
 
 # A rank blocked on a hung peer gives up after this long (gloo and nccl both honour it). A dead peer is found
-# sooner: torchrun's monitor sees the exit and stops the other ranks (tfrun.distributed.launch Note [dead ranks]).
+# sooner: the launcher sees the exit and stops the other ranks (tfrun.distributed.launch Note [dead ranks]).
 COLLECTIVE_TIMEOUT = dt.timedelta(seconds=int(os.environ.get("TFRUN_TIMEOUT_S", "60")))
 
 
 def init_process_group() -> None:
-    """Join the job torchrun set up; the backend is nccl only if this rank has a CUDA device."""
+    """Join the job tfrun's launcher (its file store) or torchrun (its variables) set up; the backend is nccl only if
+    this rank has a CUDA device."""
     if dist.is_initialized():
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
+    store = os.environ.get(STORE_ENV)
+    if store:
+        dist.init_process_group(backend=backend, init_method=f"file://{store}", rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=COLLECTIVE_TIMEOUT)
+    else:
+        dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
 
 
 def run_worker(config: TrainConfig) -> int:
@@ -65,9 +72,9 @@ def run_worker(config: TrainConfig) -> int:
             errors = Path(config.out_dir) / "errors"
             errors.mkdir(parents=True, exist_ok=True)
             (errors / f"rank{rank}.txt").write_text(line + "\n\n" + traceback.format_exc())
-        except OSError:  # a full or read-only disk: stderr (torchrun's log) still names the error
+        except OSError:  # a full or read-only disk: stderr (OUT/launcher.log) still names the error
             pass
-        print(f"error: rank {rank}: {line}", file=sys.stderr, flush=True)  # torchrun shows it; our launcher logs it
+        print(f"error: rank {rank}: {line}", file=sys.stderr, flush=True)  # in OUT/launcher.log (or torchrun's output)
         return 1
     finally:
         # Collect the schedule's reference cycles (stages, pending p2p work) while the interpreter is alive:
@@ -96,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m tfrun.cli.worker CONFIG.json`; an unreadable or invalid config is one line, exit 1."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m tfrun.cli.worker RUN_CONFIG.json (started by torchrun; see tfrun.distributed.launch)",
+        print("usage: python -m tfrun.cli.worker RUN_CONFIG.json (a rank of a job: see tfrun.distributed.launch)",
               file=sys.stderr)
         sys.exit(2)
     try:
