@@ -5,7 +5,7 @@ counterpart of the other backward style), `tfplan solve` at cap 0.9, then `tfrun
 and with `--freeze none`, alternately; the predicted step against the measured median step, repeated.
 Also (--stability) how a profile's medians move with the number of profiling steps.
 
-    python benchmarks/prediction_accuracy.py                     # 6 schedules x 3 rounds, about 55 minutes
+    python benchmarks/prediction_accuracy.py                     # 7 schedules x 3 rounds, about an hour
     python benchmarks/prediction_accuracy.py --schedules 1f1b,gpipe --rounds 1
     python benchmarks/prediction_accuracy.py --stability         # profile steps 6 / 10 / 20 / 40, 3 each
     python benchmarks/prediction_accuracy.py --drift             # one long unfrozen run, step time by window
@@ -31,7 +31,7 @@ from pathlib import Path
 MODEL, RANKS, M, MB_SIZE, SEQ, CAP = "tiny", 2, 8, 4, 128, 0.9
 STEPS, PROFILE_STEPS = 30, 20  # --steps, --profile-steps
 SCHEDULES = {  # name -> stages per rank
-    "gpipe": 1, "1f1b": 1, "interleaved-1f1b": 2, "interleaved-zb": 2, "zbv": 2, "dualpipev": 2,
+    "gpipe": 1, "1f1b": 1, "interleaved-1f1b": 2, "looped-bfs": 2, "interleaved-zb": 2, "zbv": 2, "dualpipev": 2,
 }
 
 
@@ -63,10 +63,10 @@ def train(root: Path, plan: Path, freeze: str, tag: str, steps: int | None = Non
     return json.loads((out / "summary.json").read_text()) | {"dir": str(out)}
 
 
-def error_split(run_dir: str) -> tuple[str, float, float]:
+def error_split(run_dir: str) -> tuple[str, float, float, dict[str, float], float]:
     """`tfplan explain`'s split of a run's prediction error (ms per step; waits split when the run has them),
-    the forwards' measured / predicted time (the machine's speed against the profile's) and the error at that
-    speed."""
+    the forwards' measured / predicted time and the error at that speed, and the speed per kind (F, B, I, W, tail)
+    and the error at those speeds (tfplan.report.explain Note [speed per kind])."""
     ex = json.loads(_run(["tfplan", "explain", run_dir, "--json"]))
     parts = dict(ex["error_parts_ms"])
     waits = ex.get("waits_split_ms")
@@ -74,7 +74,7 @@ def error_split(run_dir: str) -> tuple[str, float, float]:
         parts.pop("waits")
         parts = {"actions": parts.pop("actions"), "variability": waits["variability"], "idle": waits["idle"]} | parts
     split = "error split (ms): " + ", ".join(f"{k} {v:+.1f}" for k, v in parts.items())
-    return split, ex["forward_speed"], ex["speed_adjusted_error"]
+    return split, ex["forward_speed"], ex["speed_adjusted_error"], ex["kind_speed"], ex["speed_error"]
 
 
 HEADER = (f"{'schedule':18s} {'round':>5s} {'pred none':>9s} {'meas none':>9s} {'err':>7s} {'pred plan':>9s} "
@@ -89,15 +89,18 @@ def report_round(name: str, k: int, prof: Path, none: dict, frozen: dict, table:
           f"{none['prediction_error']:+7.1%} {frozen['predicted_step_ms']:9.1f} {frozen['step_time_ms']:9.1f} "
           f"{frozen['prediction_error']:+7.1%} {speed:7.3f} {pred:6.3f}  spread "
           f"{q.get('max_spread', 0):.0%}, replay gap {q.get('replay_gap', float('nan')):+.1%}", flush=True)
-    adjusted = {}
+    adjusted, per_kind = {}, {}
     for label, run in (("none", none), ("plan", frozen)):
-        split, fwd, adjusted[label] = error_split(run["dir"])
-        print(f"{'':8s} {label}: forwards x{fwd:.3f}, error at that speed {adjusted[label]:+.1%}; {split}", flush=True)
-    table.setdefault(name, []).append((frozen["prediction_error"], adjusted["plan"]))
+        split, fwd, adjusted[label], speeds, per_kind[label] = error_split(run["dir"])
+        print(f"{'':8s} {label}: forwards x{fwd:.3f}, error at that speed {adjusted[label]:+.1%}; per kind "
+              f"{' '.join(f'{k} x{v:.3f}' for k, v in speeds.items())}, error at those speeds {per_kind[label]:+.1%}; "
+              f"{split}", flush=True)
+    table.setdefault(name, []).append((frozen["prediction_error"], adjusted["plan"], per_kind["plan"]))
 
 
 def summarize(table: dict) -> None:
-    for i, what in enumerate(("plan prediction error", "plan prediction error at the run's forward speed")):
+    for i, what in enumerate(("plan prediction error", "plan prediction error at the run's forward speed",
+                              "plan prediction error at the run's speed per kind")):
         print(f"\n{what} per schedule (all rounds): " + "; ".join(
             f"{n} {' '.join(f'{e[i]:+.1%}' for e in errs)} (worst {max((e[i] for e in errs), key=abs):+.1%})"
             for n, errs in table.items()))
@@ -107,7 +110,7 @@ def closed_loop(root: Path, schedules: list[str], rounds: int) -> None:
     print(f"closed loop, tiny model, {RANKS} gloo ranks x {DP} replicas, M = {M}, {MB_SIZE} x {SEQ} tokens, cap {CAP}, "
           f"{STEPS} training steps per run, {PROFILE_STEPS} per profiling run; load average {os.getloadavg()[0]:.2f}")
     print(HEADER)
-    table: dict[str, list[tuple[float, float]]] = {}
+    table: dict[str, list[tuple[float, float, float]]] = {}
     for k in range(rounds):
         for name in schedules:
             v = SCHEDULES[name]
@@ -133,7 +136,7 @@ def report(root: Path) -> None:
     """The closed loop's table again, from the profiles, plans and runs a previous call left in `root`."""
     print(f"closed loop kept in {root}")
     print(HEADER)
-    table: dict[str, list[tuple[float, float]]] = {}
+    table: dict[str, list[tuple[float, float, float]]] = {}
     plans = sorted(root.glob("plan-*-r*.json"), key=lambda p: (int(p.stem.rsplit("-r", 1)[1]), p.stat().st_mtime))
     for plan in plans:
         name, k = plan.stem[len("plan-"):].rsplit("-r", 1)

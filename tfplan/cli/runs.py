@@ -202,9 +202,17 @@ def render_explanation(ex, top: int) -> None:
     console = out()
     console.print(f"[bold]{ex.run_dir}[/bold] (freeze {ex.freeze}): measured step {ex.measured_step_ms:.1f} ms, "
                   f"predicted {ex.predicted_step_ms:.1f} ms, error {ex.error:+.1%}")
-    console.print(f"forwards (never frozen) took {ex.forward_speed:.2f}x their predicted time: at that speed of "
-                  f"the machine the prediction is {ex.predicted_step_ms * ex.forward_speed:.1f} ms, error "
-                  f"{ex.speed_adjusted_error:+.1%}")
+    speeds = ", ".join(f"{k} x{v:.2f}" for k, v in ex.kind_speed.items())
+    console.print(f"at the run's speed per kind ({speeds}: measured over predicted time) the prediction is "
+                  f"{ex.speed_step_ms:.1f} ms, error {ex.speed_error:+.1%}; at the forwards' speed alone "
+                  f"{ex.predicted_step_ms * ex.forward_speed:.1f} ms, error {ex.speed_adjusted_error:+.1%}")
+    per_kind = Table(title="time per action kind (ms, summed over the step's actions)", title_justify="left",
+                     show_edge=False)
+    for col in ("kind", "count", "predicted", "measured", "measured / predicted"):
+        per_kind.add_column(col, justify="right")
+    for kind, n, p, m in ex.by_kind():
+        per_kind.add_row(kind, str(n), f"{p:.1f}", f"{m:.1f}", f"{m / p:.2f}" if p > 0 else "-")
+    console.print(per_kind)
     parts = Table(title="where the step's time goes (ms)", title_justify="left", show_edge=False)
     for col in ("part", "predicted", "measured", "difference"):
         parts.add_column(col, justify="right" if col != "part" else "left")

@@ -17,6 +17,14 @@ last action) and summary.json (the measured step). The plan predicts every actio
                             (hand-overs slower than the p2p lag, dispatch above its median, the head);
   tails      the measured ranks' tails against the profile's;
   rest       whatever else (barriers, Python between steps) against the profile's step overhead.
+
+Note [speed per kind]: a run made on another day than its profile runs at another speed of the machine, and not
+at one speed: on interleaved zero-bubble the forwards once ran x1.19 their profiled time while the backwards ran
+at theirs, so a speed read from the forwards alone put the prediction 15% above the measured step
+(docs/benchmarks.md, "Prediction at the machine's speed"). The prediction at the run's speed therefore scales
+each action kind (F, B, I, W) by its own factor, the measured over the predicted time summed over the kind's
+actions, and the ranks' tails by theirs, and replays the DAG with those times; the profile's step overhead
+stays as it is. What remains of the error is the schedule's: hand-overs, waits, the spread between steps.
 Reads only files: tfplan never imports tfrun or torch.
 """
 
@@ -80,6 +88,11 @@ class Explanation:
     measured: Simulation
     """The measured timeline: every action at its median start and duration."""
     predicted_dag: Dag
+    kind_speed: dict[str, float]
+    """Note [speed per kind]: measured / predicted time per action kind (F, B, I, W: summed over its actions)
+    and of the ranks' tails (`tail`); a kind whose predicted time is 0 is left out."""
+    speed_step_ms: float
+    """The plan's step at the run's speed per kind (Note [speed per kind]), ms."""
 
     @property
     def error(self) -> float:
@@ -100,6 +113,22 @@ class Explanation:
         predicted = self.predicted_step_ms * self.forward_speed
         return (self.measured_step_ms - predicted) / predicted
 
+    @property
+    def speed_error(self) -> float:
+        """The error of the prediction at the run's speed per kind (Note [speed per kind])."""
+        return (self.measured_step_ms - self.speed_step_ms) / self.speed_step_ms
+
+    def by_kind(self) -> list[tuple[str, int, float, float]]:
+        """(kind, count, predicted ms, measured ms) summed over the step's actions of each kind, in F B I W
+        order."""
+        sums: dict[str, list[float]] = {}
+        for a in self.actions:
+            row = sums.setdefault(parse_action(a.action).kind, [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += a.predicted_ms
+            row[2] += a.measured_ms
+        return [(k, int(n), p, m) for k, (n, p, m) in sorted(sums.items(), key=lambda kv: "FBIW".find(kv[0]))]
+
     def by_stage_kind(self) -> list[tuple[str, int, float, float, float]]:
         """(stage+kind, count, mean predicted ms, mean measured ms, summed residual ms), largest |sum| first."""
         groups: dict[str, list[ActionResidual]] = {}
@@ -119,6 +148,8 @@ class Explanation:
             "run_dir": self.run_dir, "freeze": self.freeze, "predicted_step_ms": self.predicted_step_ms,
             "measured_step_ms": self.measured_step_ms, "error": self.error,
             "forward_speed": self.forward_speed, "speed_adjusted_error": self.speed_adjusted_error,
+            "kind_speed": self.kind_speed, "speed_step_ms": self.speed_step_ms, "speed_error": self.speed_error,
+            "by_kind": [{"kind": k, "count": n, "predicted_ms": p, "measured_ms": m} for k, n, p, m in self.by_kind()],
             "parts": {k: {"predicted_ms": p, "measured_ms": m} for k, (p, m) in self.parts.items()},
             "error_parts_ms": self.error_parts, "waits_split_ms": self.waits_split,
             "by_stage_kind": [{"key": k, "count": n, "predicted_ms": p, "measured_ms": m, "residual_sum_ms": r}
@@ -249,6 +280,7 @@ def explain(run_dir: str | Path, plan_path: str | Path | None = None) -> Explana
     variability = _variability(dag, timings.get("step_durations"))
     waits_split = None if variability is None else {"variability": variability,
                                                      "idle": error_parts["waits"] - variability}
+    kind_speed, speed_step = _at_speed(dag, actions, tails, predicted.step_overhead_ms)
     starts = [a.measured_start_ms for a in actions]
     ends = [a.measured_start_ms + a.measured_ms for a in actions]
     busy = [sum(a.measured_ms for a in actions if a.rank == r) for r in range(plan.schedule.num_ranks)]
@@ -259,8 +291,26 @@ def explain(run_dir: str | Path, plan_path: str | Path | None = None) -> Explana
         measured_step_ms=step, parts=parts, error_parts=error_parts, waits_split=waits_split,
         predicted_path=[str(dag.actions[v]) for v in predicted.critical_path],
         measured_path=[str(dag.actions[v]) for v in replayed.critical_path], predicted=predicted, replayed=replayed,
-        measured=timeline, predicted_dag=dag,
+        measured=timeline, predicted_dag=dag, kind_speed=kind_speed, speed_step_ms=speed_step,
     )
+
+
+def _at_speed(dag: Dag, actions: list[ActionResidual], tails: list[float],
+              overhead_ms: float) -> tuple[dict[str, float], float]:
+    """(speed per kind, the plan's step at those speeds in ms): Note [speed per kind]. `actions` in the DAG's
+    node order; `tails`: the run's measured tail per rank."""
+    sums: dict[str, list[float]] = {}
+    for v, a in enumerate(actions):
+        pair = sums.setdefault(dag.actions[v].kind, [0.0, 0.0])
+        pair[0] += a.predicted_ms
+        pair[1] += a.measured_ms
+    speed = {kind: m / p for kind, (p, m) in sums.items() if p > 0}
+    profiled = sum(dag.tail_ms)
+    if profiled > 0 and tails:
+        speed["tail"] = sum(tails) / profiled
+    scaled = simulate(dag, [a.predicted_ms * speed.get(dag.actions[v].kind, 1.0) for v, a in enumerate(actions)])
+    ends = [scaled.actions_end_ms] + [scaled.end_ms[u] + tail * speed.get("tail", 1.0) for u, tail in dag.finish()]
+    return speed, max(ends) + overhead_ms
 
 
 def _variability(dag: Dag, per_step: dict[str, Any] | None) -> float | None:

@@ -228,3 +228,29 @@ def test_forward_speed_takes_the_machines_drift_out_of_the_error(tmp_path):
     assert actions_only.speed_adjusted_error < 0
     data = ex.to_dict()
     assert data["forward_speed"] == pytest.approx(1.1) and data["speed_adjusted_error"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_speed_per_kind_takes_out_a_drift_the_forwards_alone_misjudge(tmp_path):
+    """Note [speed per kind]: the forwards x1.2 slower than profiled, the backwards as profiled and the tails x0.8
+    (interleaved zero-bubble's drift, docs/benchmarks.md): the forwards' speed scales the whole step and
+    over-predicts it; the speed per kind replays the step exactly."""
+    plan_path, p = _plan(tmp_path)
+    planned = p.dag.durations(list(p.ratios))
+    forwards = {str(a): 0.2 * d for a, d in zip(p.dag.actions, planned) if a.kind == "F"}
+    tails = tuple(0.8 * t for t in TAILS)
+    ex = explain.explain(_run(tmp_path, plan_path, p, forwards, tails=tails, name="forwards"), None)
+    assert ex.kind_speed["F"] == pytest.approx(1.2) and ex.kind_speed["B"] == pytest.approx(1.0)
+    assert ex.kind_speed["tail"] == pytest.approx(0.8)
+    assert ex.speed_error == pytest.approx(0.0, abs=1e-12) and ex.speed_step_ms == pytest.approx(ex.measured_step_ms)
+    assert ex.forward_speed == pytest.approx(1.2) and ex.speed_adjusted_error < -0.05
+    kinds = {k: (n, pr, m) for k, n, pr, m in ex.by_kind()}
+    assert kinds["F"][0] == 8 and kinds["F"][2] == pytest.approx(1.2 * kinds["F"][1])
+    # At the profile's own speed every factor is 1 and the prediction is the plan's.
+    matched = explain.explain(_run(tmp_path, plan_path, p, {}), None)
+    assert all(v == pytest.approx(1.0) for v in matched.kind_speed.values())
+    assert matched.speed_step_ms == pytest.approx(matched.predicted_step_ms)
+    data = json.loads(CliRunner().invoke(app, ["explain", str(tmp_path / "forwards"), "--json"]).output)
+    assert data["speed_error"] == pytest.approx(0.0, abs=1e-12) and data["kind_speed"]["F"] == pytest.approx(1.2)
+    assert [row["kind"] for row in data["by_kind"]] == ["F", "B"]
+    text = CliRunner().invoke(app, ["explain", str(tmp_path / "forwards")]).output
+    assert "at the run's speed per kind (F x1.20, B x1.00, tail x0.80" in text and "time per action kind" in text
