@@ -7,5 +7,5 @@ Read in this order:
   train_cmd.py   `tfrun train`, built from that table
   profiling.py   `tfrun profile`: the measuring runs behind `tfplan profile`
   app.py         the app: `train`, `compare`, `profile`, `export`, main()
-  worker.py      one rank's process (`python -m tfrun.cli.worker CONFIG.json`, started by torchrun)
+  worker.py      one rank's main (forked by tfrun.distributed.launch, or `python -m tfrun.cli.worker CONFIG.json`)
 """

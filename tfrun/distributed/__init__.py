@@ -6,5 +6,5 @@ Read in this order:
   tied.py      a tied embedding's two copies (first and last stage) kept one parameter
   rank.py      one rank assembled: its place in the (dp, pp) mesh, stages, freezer, runtime
   signals.py   graceful stops agreed by every rank after the same step (Note [graceful stop])
-  launch.py    the job's ranks started through torch.distributed.run, or an external torchrun joined
+  launch.py    the job's ranks forked from the launcher (Note [forked ranks]), or an external torchrun joined
 """
