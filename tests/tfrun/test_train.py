@@ -313,6 +313,17 @@ def test_joins_an_external_torchrun_job(plan_path, tmp_path):
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
 
 
+@pytest.mark.slow
+def test_fresh_ranks_train_like_forked_ones(plan_path, full_run, tmp_path):
+    """tfrun.distributed.launch Note [forked ranks]: on a CUDA host each rank execs a fresh interpreter
+    (TFRUN_FRESH_RANKS=1 takes that path here); the losses are those of the forked ranks, bit for bit."""
+    out = tmp_path / "fresh"
+    proc = _tfrun("train", "--plan", str(plan_path), "--steps", "8", "--checkpoint-every", "2", "--out", str(out),
+                  "--eval-every", "4", *FAST, *RECIPE, env={"TFRUN_FRESH_RANKS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _sequence(out) == _sequence(full_run[0])
+
+
 def _bad(args: list[str]) -> str:
     proc = _tfrun("train", *args, timeout=60)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)

@@ -33,10 +33,8 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
     from tfplan.cost import profile as profile_mod
     from tfplan.plan import plan as plan_mod
     from tfplan.schedule import schedules
-    from tfrun.distributed.runtime import check_torch
     from tfrun.records import provenance
 
-    check_torch()
     freeze = options.get("freeze", "plan")
     if plan_path is None:
         if freeze != "timely":
@@ -106,8 +104,9 @@ def _microbatch_size(global_batch: int | None, m: int, microbatch_size: int, dp:
 
 
 def _checked(config: TrainConfig, token_cache_dir: str | None = None) -> TrainConfig:
-    """The checks that need more than the options: model, data, resume, output folder (in that order); then,
-    with nothing left to refuse, the token cache is written (tfrun.data.tokenized Note [token cache])."""
+    """The checks that need more than the options: model, data, resume, output folder, torch's pipelining API (in
+    that order); then, with nothing left to refuse, the token cache is written (tfrun.data.tokenized Note [token
+    cache])."""
     from tfrun.records import checkpoint, provenance
 
     config = _model_checked(config)
@@ -131,6 +130,10 @@ def _checked(config: TrainConfig, token_cache_dir: str | None = None) -> TrainCo
     warnings += provenance.check_out(out, config)
     for line in warnings:
         warn(line)
+    from tfrun.distributed.runtime import check_torch  # (last: its pipelining import costs seconds, which a
+    #                                                    mistake found above need not pay)
+
+    check_torch()
     if stream.save is not None:
         stream.save()
     return config

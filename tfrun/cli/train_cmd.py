@@ -33,7 +33,6 @@ def train_cmd(ctx: typer.Context, **options) -> None:
       tfrun train --freeze timely --schedule 1f1b --ranks 2 --microbatches 8 --max-freeze-ratio 0.9 --steps 120
     """
     from tfrun.cli import setup
-    from tfrun.distributed import launch
 
     with user_errors(TfrunError):
         config_file.raise_errors(ctx)
@@ -44,6 +43,8 @@ def train_cmd(ctx: typer.Context, **options) -> None:
         if os.environ.get("RANK", "0") == "0":  # every check passed: the run's folder starts with its settings
             setup.out_path(config).mkdir(parents=True, exist_ok=True)
             write_text_atomic(setup.out_path(config) / config_file.RESOLVED, config_file.resolved_text(ctx))
+        from tfrun.distributed import launch  # (imports torch: after the checks, so that a mistake is quick)
+
         if launch.under_torchrun():
             from tfrun.cli.worker import run_worker
 

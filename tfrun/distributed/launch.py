@@ -8,11 +8,13 @@ Note [forked ranks]: a rank's process is forked from the launcher once the launc
 pipelining package (which imports torch._dynamo) and tfrun's training loop, so no rank pays those imports again
 (about 4 s each on 2 cores) and no agent process sits between them (torch.distributed.run costs its own torch
 import, 2-3 s, and a rendezvous). The ranks meet through a file store in a fresh temporary folder (no TCP port
-chosen in advance that another process could take). The launcher must not touch CUDA before forking (nothing in
-tfrun.cli.setup does; each rank picks its device after the fork), and it does no tensor work, so no OpenMP pool
-is inherited; each rank sets its own thread count (--threads). A rank runs tfrun.cli.worker as a process of
-`python -m tfrun.cli.worker` would, with the variables torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE), and leaves with os._exit: the launcher's exit handlers are not the rank's.
+chosen in advance that another process could take). The launcher does no tensor work, so no OpenMP pool is
+inherited; each rank sets its own thread count (--threads). CUDA does not survive a fork (a process that asked
+for a device count may not use CUDA in a forked child), so on a host with a CUDA device each forked rank execs a
+fresh `python -m tfrun.cli.worker` at once and pays its own imports, as under torchrun (TFRUN_FRESH_RANKS=1 does
+the same anywhere). A rank runs tfrun.cli.worker as a process of `python -m tfrun.cli.worker` would, with the
+variables torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE), and leaves with os._exit:
+the launcher's exit handlers are not the rank's.
 
 Note [launcher signals]: the ranks run in a process group of their own, so a Ctrl-C in the terminal reaches only
 this launcher. The first SIGINT or SIGTERM writes OUT/STOP: the ranks finish their step, checkpoint and exit 0
@@ -50,6 +52,8 @@ SHUTDOWN_TIMEOUT_S = 15
 """Seconds the launcher waits for the other ranks to exit after one failed, before SIGKILL (the ranks' own
 graceful stop goes through OUT/STOP, not through the launcher's signals, so this only bounds a failure's
 teardown)."""
+FRESH_ENV = "TFRUN_FRESH_RANKS"
+"""Set to 1, every rank execs a fresh interpreter as on a CUDA host (Note [forked ranks])."""
 STORE_ENV = "TFRUN_STORE"
 """The file store a forked job's ranks meet at (tfrun.cli.worker.init_process_group)."""
 
@@ -169,8 +173,12 @@ torch and torch.distributed.pipelining (through tfrun.distributed.runtime)."""
 def start_ranks(config_path: Path, world: int, env: dict[str, str], stderr: IO | None, threads: int) -> LocalJob:
     """Fork `world` ranks that run tfrun.cli.worker on `config_path` with `env` added (Note [forked ranks]);
     their stderr to `stderr` (None: the launcher's)."""
-    for name in WARM_MODULES:
-        importlib.import_module(name)
+    import torch
+
+    fresh = torch.cuda.is_available() or os.environ.get(FRESH_ENV) == "1"  # (Note [forked ranks])
+    if not fresh:
+        for name in WARM_MODULES:
+            importlib.import_module(name)
     store_dir = tempfile.mkdtemp(prefix="tfrun-store-")
     env = env | {STORE_ENV: os.path.join(store_dir, "store"), "WORLD_SIZE": str(world),
                  "LOCAL_WORLD_SIZE": str(world)}
@@ -181,7 +189,7 @@ def start_ranks(config_path: Path, world: int, env: dict[str, str], stderr: IO |
         pid = os.fork()
         if pid == 0:
             _rank_main(rank, str(config_path), env, stderr.fileno() if stderr is not None else None, threads,
-                       pids[0] if pids else 0, launcher)
+                       pids[0] if pids else 0, launcher, fresh)
         pids.append(pid)
         try:  # (also in the child: whichever runs first puts it in the job's group)
             os.setpgid(pid, pids[0])
@@ -191,8 +199,8 @@ def start_ranks(config_path: Path, world: int, env: dict[str, str], stderr: IO |
 
 
 def _rank_main(rank: int, config_path: str, env: dict[str, str], stderr_fd: int | None, threads: int, group: int,
-               launcher: int) -> None:
-    """A forked rank: never returns (Note [forked ranks])."""
+               launcher: int, fresh: bool) -> None:
+    """A forked rank: never returns (Note [forked ranks]); `fresh`: exec a new interpreter for it."""
     code = 1
     try:
         os.setpgid(0, group)  # (group 0: this rank starts the job's group)
@@ -204,6 +212,9 @@ def _rank_main(rank: int, config_path: str, env: dict[str, str], stderr_fd: int 
         os.environ.update(env | {"RANK": str(rank), "LOCAL_RANK": str(rank)})
         if stderr_fd is not None:
             os.dup2(stderr_fd, 2)
+        if fresh:
+            os.environ["PYTHONUNBUFFERED"] = "1"
+            os.execv(sys.executable, [sys.executable, "-m", RANK_MODULE, config_path])
         import torch
 
         torch.set_num_threads(threads)

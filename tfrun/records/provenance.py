@@ -36,7 +36,6 @@ from typing import Any
 
 from tfrun.config.train_config import TrainConfig
 from tfrun.errors import TfrunError
-from tfrun.measure.profile import run_device
 
 IDENTITY: tuple[tuple[str, str], ...] = (
     ("plan_hash", "plan"), ("model", "--model"), ("model_hash", "--model's config.json"), ("seed", "--seed"),
@@ -153,6 +152,8 @@ def check_plan_profile(plan_path: str, source: dict[str, Any], config: TrainConf
     Raises:
         TfrunError: the mismatch, with what to do.
     """
+    from tfrun.measure.profile import run_device  # (imports torch: only where a profile is compared)
+
     mismatch = profile_mismatch(source, config, run_device())
     if mismatch is None:
         return None
