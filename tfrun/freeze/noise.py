@@ -75,6 +75,9 @@ class NoiseMeter:
         """`--noise-measure sequence`: the per-sequence norms (Note [noise measure]); None: per micro-batch."""
         self.smoothed: dict[int, TensorNoise] = {}
         """Stage -> its per-tensor |G|^2 and tr(Sigma), smoothed over measured steps by `estimator`."""
+        self.raw: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        """Stage -> the last measured step's per-tensor (|G|^2, tr(Sigma), usable) before smoothing: what another
+        smoother would be fed (tfrun.freeze.noise_reference.pipeline_estimate runs several on one measurement)."""
         self.skipped: list[int] = []
         """Local stages the step just measured left out (no tensor reached twice, or a value not finite)."""
         self.measured = 0
@@ -154,6 +157,7 @@ class NoiseMeter:
             if not bool(usable.any()):
                 self.skipped.append(s)
             self.smoothed[s].add(gsq, trace, usable)
+            self.raw[s] = (gsq, trace, usable)
         self.measured += 1
         return True
 

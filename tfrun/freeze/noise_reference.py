@@ -19,6 +19,7 @@ from torch import nn
 from tfrun.config.train_config import DEFAULT_NOISE_MEASURE
 from tfrun.freeze.candidates import candidates
 from tfrun.freeze.noise import NoiseMeter, noise_scale
+from tfrun.freeze.noise_estimators import TensorNoise
 
 
 def _chain(stages: dict[int, nn.Module], x: torch.Tensor) -> torch.Tensor:
@@ -140,21 +141,21 @@ def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: 
                       ) -> dict[tuple[str, str], list[dict[int, float | None]]]:
     """(measure, estimator) -> per measured step, stage -> the pipeline's NoiseMeter estimate (tokens), at these
     fixed weights: `steps` batches of `batches` (tfrun.data.Batches), each as `num_microbatches` micro-batches. One
-    meter per pair, all fed by the same backward passes; a measure is the estimator's small batch
+    meter per measure, all fed by the same backward passes, and each estimator smoothing its step estimates; a measure is the estimator's small batch
     (tfrun.freeze.noise Note [noise measure]), or `sequence-exact`: per-sequence norms without the linear layers'
     sketch (tfrun.freeze.noise_perseq Note [sketched norms]), to tell the sketch's error from the estimator's."""
-    meters = {}
+    meters = {}  # one meter (hooks, norms) per measure; its step estimates feed every estimator's smoother
     for measure in measures:
-        for e in estimators:
-            meter = NoiseMeter(stages, {s: candidates(m) for s, m in stages.items()},
-                               num_microbatches=num_microbatches,
-                               microbatch_tokens=batches.global_batch // num_microbatches * batches.seq_len,
-                               every=1, estimator=e, window=window, measure=measure.removesuffix("-exact"))
-            if measure.endswith("-exact"):
-                meter.sequences.sketch = 0
-            meters[measure, e] = meter
+        meter = NoiseMeter(stages, {s: candidates(m) for s, m in stages.items()}, num_microbatches=num_microbatches,
+                           microbatch_tokens=batches.global_batch // num_microbatches * batches.seq_len,
+                           every=1, estimator=estimators[0], window=window, measure=measure.removesuffix("-exact"))
+        if measure.endswith("-exact"):
+            meter.sequences.sketch = 0
+        meters[measure] = meter
+    smoothers = {(measure, e): {s: TensorNoise(e, len(meter.names[s]), window) for s in stages}
+                 for measure, meter in meters.items() for e in estimators}
     params = [p for m in stages.values() for p in m.parameters()]
-    out: dict[tuple[str, str], list] = {key: [] for key in meters}
+    out: dict[tuple[str, str], list] = {key: [] for key in smoothers}
     current = [0]  # the micro-batch in backward, as a pipeline stage tells it (noise_perseq)
     for meter in meters.values():
         if meter.sequences is not None:
@@ -170,10 +171,15 @@ def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: 
             for p in params:  # .grad = their mean, as the runtime's scale_grads leaves it
                 if p.grad is not None:
                     p.grad /= num_microbatches
-            for key, meter in meters.items():
+            for meter in meters.values():
                 meter.after_reduce(stages)
-                estimates = meter.stage_estimates()
-                out[key].append({s: noise_scale(*estimates[s]) if s in estimates else None for s in stages})
+            for (measure, estimator), per_stage in smoothers.items():
+                estimates = {}
+                for s, smoother in per_stage.items():
+                    smoother.add(*meters[measure].raw[s])
+                    if (value := smoother.stage()) is not None:
+                        estimates[s] = value
+                out[measure, estimator].append({s: noise_scale(*estimates[s]) if s in estimates else None for s in stages})
             for p in params:
                 p.grad = None
     finally:
