@@ -141,7 +141,8 @@ def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: 
                       ) -> dict[tuple[str, str], list[dict[int, float | None]]]:
     """(measure, estimator) -> per measured step, stage -> the pipeline's NoiseMeter estimate (tokens), at these
     fixed weights: `steps` batches of `batches` (tfrun.data.Batches), each as `num_microbatches` micro-batches. One
-    meter per measure, all fed by the same backward passes, and each estimator smoothing its step estimates; a measure is the estimator's small batch
+    meter per measure, all fed by the same backward passes, and each estimator smoothing its step estimates; a
+    measure is the estimator's small batch
     (tfrun.freeze.noise Note [noise measure]), or `sequence-exact`: per-sequence norms without the linear layers'
     sketch (tfrun.freeze.noise_perseq Note [sketched norms]), to tell the sketch's error from the estimator's."""
     meters = {}  # one meter (hooks, norms) per measure; its step estimates feed every estimator's smoother
@@ -179,7 +180,8 @@ def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: 
                     smoother.add(*meters[measure].raw[s])
                     if (value := smoother.stage()) is not None:
                         estimates[s] = value
-                out[measure, estimator].append({s: noise_scale(*estimates[s]) if s in estimates else None for s in stages})
+                out[measure, estimator].append({s: noise_scale(*estimates[s]) if s in estimates else None
+                                                for s in stages})
             for p in params:
                 p.grad = None
     finally:
