@@ -57,7 +57,9 @@ def test_the_first_example_of_the_issue() -> None:
 
 
 def test_force_turns_the_refusal_into_a_prediction_note(monkeypatch) -> None:
-    monkeypatch.setattr(provenance, "run_device", lambda: "cpu")
+    from tfrun.measure import profile as measured
+
+    monkeypatch.setattr(measured, "run_device", lambda: "cpu")
     source = MEASURED | {"model": "small"}
     with pytest.raises(TfrunError, match=r"^p\.json: plan profiled .* pass --force to run it without a prediction$"):
         provenance.check_plan_profile("p.json", source, CONFIG, force=False)
