@@ -18,6 +18,12 @@ sources of networkx, which tfplan installs), trained briefly from its initialisa
     python benchmarks/noise_reference.py --max-sequences 256 --train-steps 20 --corpora default --batch-seeds 777
     python benchmarks/noise_reference.py --case heldout --estimators winsor \
         --measures sequence,sequence-exact,microbatch
+    python benchmarks/noise_reference.py --case heldout --via-profile    # what `tfplan profile` records
+
+With --via-profile, the held-out case as a user meets it: a Hugging Face LLaMA checkpoint of HELDOUT's shape
+(transformers' initialisation, written here; transformers is in the dev extra) and networkx's sources as a text
+file, profiled by `tfplan profile --model hf:DIR --data FILE` (tfrun.cli.profiling Note [profile at fixed
+weights]), its noise section against the exact value at the checkpoint's weights.
 """
 
 from __future__ import annotations
@@ -53,6 +59,50 @@ def case_of(name: str, corpus: str):
         return (lambda: {s: build_stage(cfg, s, 2, 0) for s in (0, 1)}), split_tokens(encode(networkx_sources()))[0]
     tokens = split_tokens(encode(load_corpus(None if corpus == "default" else corpus)))[0]
     return (lambda: {s: build_stage(MODELS["tiny"], s, 2, 0) for s in (0, 1)}), tokens
+
+
+def via_profile(reference_error: float, max_sequences: int) -> None:
+    """--via-profile: `tfplan profile`'s noise section on the held-out checkpoint against the exact value."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tfrun.data import Batches, encode, split_tokens
+    from tfrun.freeze.noise_reference import ExactNoise
+    from tfrun.models import build, loss_fn
+
+    folder = Path(tempfile.mkdtemp(prefix="noise-heldout-"))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(
+        vocab_size=HELDOUT["vocab_size"], hidden_size=HELDOUT["dim"], intermediate_size=HELDOUT["ffn_dim"],
+        num_hidden_layers=HELDOUT["n_layers"], num_attention_heads=HELDOUT["n_heads"],
+        num_key_value_heads=HELDOUT["n_kv_heads"], max_position_embeddings=HELDOUT["max_seq_len"],
+        tie_word_embeddings=False, rms_norm_eps=1e-5)).save_pretrained(folder / "ckpt")
+    (folder / "networkx.txt").write_bytes(networkx_sources())
+    model = f"hf:{folder / 'ckpt'}"
+    subprocess.run([sys.executable, "-m", "tfplan", "profile", "--model", model, "--stages", "2", "--microbatches",
+                    str(M), "--microbatch-size", str(MB_SIZE), "--seq-len", str(SEQ), "--data",
+                    str(folder / "networkx.txt"), "-o", str(folder / "profile.json"), "--json"], check=True,
+                   capture_output=True)
+    noise = json.loads((folder / "profile.json").read_text())["noise"]
+    stages = {s: build(model, s, 2, 0) for s in (0, 1)}
+    tokens = split_tokens(encode((folder / "networkx.txt").read_bytes()))[0]
+    ref, batches = ExactNoise(stages, loss_fn), Batches(tokens, global_batch=256, seq_len=SEQ, seed=12345)
+    while True:
+        ref.add(*batches.batch_at(ref.sequences // 256))
+        scales = ref.scales()
+        if ref.sequences >= max_sequences or (len(scales) == 2 and all(
+                e is not None and e <= reference_error * v for v, e in scales.values())):
+            break
+    print(f"held-out checkpoint {model}, tfplan profile's noise section ({noise['note']}): "
+          + ", ".join(f"stage {s} {noise['noise_scale_tokens'][s]:,.0f} tokens against exact {v:,.0f} +- {e or 0:,.0f} "
+                      f"(x{noise['noise_scale_tokens'][s] / v:.2f})" for s, (v, e) in sorted(scales.items()))
+          + f"; {ref.sequences} sequences", flush=True)
 
 
 _OPTIMIZERS: dict = {}
@@ -95,6 +145,8 @@ def main() -> None:
     parser.add_argument("--estimators", default="ema,median,winsor")
     parser.add_argument("--measures", default="microbatch,sequence",
                         help="--noise-measure values, each against the same exact reference")
+    parser.add_argument("--via-profile", action="store_true",
+                        help="the held-out case through `tfplan profile` (docstring)")
     parser.add_argument("--trajectory", default=None,
                         help="instead: the exact noise scale along `tfrun train --freeze none`'s own trajectory "
                              "at these steps (e.g. 4,8,12,24,29), to set beside benchmarks/noise_estimators.py's")
@@ -106,6 +158,9 @@ def main() -> None:
     from tfrun.models import MODELS, build_stage, loss_fn
 
     torch.set_num_threads(1)
+    if args.via_profile:
+        via_profile(args.reference_error, args.max_sequences)
+        return
     if args.trajectory:
         tokens = split_tokens(encode(load_corpus(None)))[0]
         stages = {s: build_stage(MODELS["tiny"], s, 2, 0) for s in (0, 1)}

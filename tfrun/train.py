@@ -134,7 +134,7 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         t0 = time.perf_counter()
         runtime.step(*((x.to(device),) if has_first else ()),
                      **({"target": y.to(device), "losses": losses} if has_last else {}))
-        lr = schedule.lr(config.lr, step)
+        lr = 0.0 if config.fixed_weights else schedule.lr(config.lr, step)
         losses_finite = all(math.isfinite(v.item()) for v in losses) if has_last else None
         check = timer.span("optimizer", optimizer_step, r, config, step, noise, lr, losses_finite)
         dist.barrier()

@@ -157,7 +157,8 @@ def shared_runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedP
         commands[schedule] = ["tfrun", "train", "--plan", str(_plan(root / "eval", schedule)), "--freeze", "none",
                               "--steps", "2", "--eval-every", "1", "--out", str(root / "eval" / schedule), *FAST]
     commands["profile"] = ["tfplan", "profile", "--model", "tiny", "--stages", "2", "--microbatches", "4", "--steps",
-                           "3", "--microbatch-size", "1", "--seq-len", "16", "--output", str(root / "profile.json")]
+                           "3", "--microbatch-size", "1", "--seq-len", "16", "--output", str(root / "profile.json"),
+                           "--work-dir", str(root / "profile-runs")]
     # the unfrozen run beside `auto`, and both re-timed side by side (tfrun.retime Note [paired time])
     commands["none"] = ["tfrun", "train", "--plan", str(stress), "--steps", "40", "--checkpoint-every", "0",
                         "--freeze", "none", "--eval-every", "10", "--out", str(root / "none"), *FAST]
@@ -361,3 +362,22 @@ def test_measured_profile_feeds_tfplan_solve(shared_runs):
     result = CliRunner().invoke(app, ["solve", "-p", str(prof), "-s", "1f1b", "-m", "4", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["speedup"] >= 1.0
+    # Note [profile at fixed weights]: every measuring run stepped its optimizer at learning rate 0, so the noise
+    # section was measured at the initialisation, and the weights are still there at the end
+    import torch
+
+    from tfrun.models import MODELS, build_stage
+
+    runs = sorted((root / "profile-runs").iterdir())
+    assert len(runs) == 4 and all(_rows_lr(run) == {0.0} for run in runs)
+    end = torch.load(root / "profile-runs" / "primary-none" / "checkpoints" / "step0000003" / "rank0.pt",
+                     weights_only=False)["models"]
+    start = build_stage(MODELS["tiny"], 0, 2, 0).state_dict()
+    assert set(next(iter(end.values()))) == set(start)
+    assert all(torch.equal(next(iter(end.values()))[name], start[name]) for name in start)
+    assert "learning rate 0" in data["noise"]["note"]
+
+
+def _rows_lr(run: Path) -> set[float]:
+    return {json.loads(line)["lr"] for line in (run / "metrics.jsonl").read_text().splitlines()
+            if "event" not in line}

@@ -67,6 +67,10 @@ def profile_cmd(
                                                      "depends on them: profile a fine-tuning job at its checkpoint).")
     ] = None,
     data: Annotated[str | None, typer.Option("--data", help="Measured: training text, or 'stdlib'.")] = None,
+    work_dir: Annotated[
+        str | None, typer.Option("--work-dir", help="Measured: keep the measuring runs here (default: a temp "
+                                                    "folder).")
+    ] = None,
     noise_scale: Annotated[
         str | None, typer.Option("--noise-scale", help="Analytic: the gradient noise scale in tokens (one value, or "
                                                        "one per stage), for --objective goodput.")
@@ -107,7 +111,7 @@ def profile_cmd(
                 raise TfplanError("--noise-scale and --grad-sq-share are for --analytic profiles: a measured "
                                   "profile measures its noise scale")
             prof = measure_profile(output, model or "tiny", stages, stages_per_rank, microbatches, schedule, steps,
-                                   microbatch_size, seq_len, repeat, dp, init_from, data)
+                                   microbatch_size, seq_len, repeat, dp, init_from, data, work_dir)
         if as_json:
             print(json.dumps(prof.to_dict()))
             return

@@ -8,7 +8,7 @@ from tfplan.errors import TfplanError
 
 
 def measure_profile(output, model, stages, stages_per_rank, microbatches, schedule, steps, microbatch_size, seq_len,
-                    repeat=1, dp=1, init_from=None, data=None):
+                    repeat=1, dp=1, init_from=None, data=None, work_dir=None):
     """Run tfrun's measuring job in a subprocess (tfplan itself never imports torch); stages_per_rank None
     takes the schedule's default."""
     import importlib.util
@@ -27,7 +27,7 @@ def measure_profile(output, model, stages, stages_per_rank, microbatches, schedu
            "--dp", str(dp), "--output", output]
     if stages_per_rank is not None:
         cmd += ["--stages-per-rank", str(stages_per_rank)]
-    for flag, value in (("--init-from", init_from), ("--data", data)):
+    for flag, value in (("--init-from", init_from), ("--data", data), ("--work-dir", work_dir)):
         if value is not None:
             cmd += [flag, value]
     proc = subprocess.run(cmd, capture_output=True, text=True)

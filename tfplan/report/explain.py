@@ -89,7 +89,7 @@ class Explanation:
     """The measured timeline: every action at its median start and duration."""
     predicted_dag: Dag
     kind_speed: dict[str, float]
-    """Note [speed per kind]: measured / predicted time per action kind (F, B, I, W: summed over its actions)
+    """Measured / predicted time per action kind (F, B, I, W: summed over its actions; Note [speed per kind])
     and of the ranks' tails (`tail`); a kind whose predicted time is 0 is left out."""
     speed_step_ms: float
     """The plan's step at the run's speed per kind (Note [speed per kind]), ms."""

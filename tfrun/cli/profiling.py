@@ -19,6 +19,14 @@ The primary-none run also measures each stage's gradient noise scale at every st
 about a reduction over each gradient per micro-batch), which the profile's noise section records: at the
 model's initialisation, or at the weights of `init_from` (the noise scale grows as the loss falls, so profile
 a fine-tuning job from its checkpoint) on the run's data.
+
+Note [profile at fixed weights]: every measuring run steps its optimizer at learning rate 0 (TrainConfig
+fixed_weights): the optimizer's time is in the profile, and the weights stay at the initialisation or at
+`init_from`'s, where the noise section says it was measured. Trained at the default learning rate instead, the
+20 steps of a run from a random initialisation move the noise scale several-fold while it is measured: on a
+held-out case (benchmarks/noise_reference.py --case heldout --via-profile: an HF LLaMA of other widths, heads
+and depth on networkx's sources) the profile read stage 0 at 4.6x and stage 1 at 0.43x the exact value at the
+weights it names (docs/cost-model.md, "Which noise estimator" 7).
 """
 
 from __future__ import annotations
@@ -82,7 +90,7 @@ def measure(
                 out_dir=str(folder / name), microbatch_size=microbatch_size, seq_len=seq_len, threads=threads,
                 eval_batches=1, quiet=True, timing_warmup_steps=2, dp=dp, init_from=init_from, data_path=data_path,
                 noise_every=1 if name == "primary-none" else 0, model_hash=models.model_hash(model),
-                precision=precision,
+                precision=precision, fixed_weights=True,
             )
             config.check()
             if launch(config) is not None:
@@ -167,10 +175,11 @@ def _noise(summary: dict, microbatch_tokens: int, init_from: str | None):
     scales, shares = summary.get("noise_scale_tokens"), summary.get("grad_sq_share")
     if not scales or shares is None or any(x is None or x < 0 for x in scales) or microbatch_tokens < 1:
         return None
-    where = f"the weights of {init_from}" if init_from else "initialisation"
+    where = f"the weights of {init_from}" if init_from else "the initialisation"
     return goodput.measured(scales, shares, microbatch_tokens, summary.get("update_share"),
                             note=f"two-batch estimator (tfrun.freeze.noise), small batch one "
                            f"{summary.get('noise_measure', 'microbatch')} (Note [noise measure]), "
                            f"{summary.get('noise_estimator', 'ema')} "
                            f"smoothing (tfrun.freeze.noise_estimators), median over the "
-                           f"{summary.get('noise_steps')} steps of run primary-none, from {where}")
+                           f"{summary.get('noise_steps')} steps of run primary-none at {where} (learning rate 0: "
+                           f"Note [profile at fixed weights])")

@@ -171,6 +171,10 @@ class TrainConfig:
     Set by tfrun.cli.setup."""
     timing_warmup_steps: int = 1
     """Steps (after the ramp) left out of timing medians (the first step infers shapes)."""
+    fixed_weights: bool = False
+    """The optimizer steps at learning rate 0: its time is measured and the weights stay where they started, so
+    that the noise scale is measured at those weights (tfrun profile's runs: tfrun.cli.profiling Note [profile at
+    fixed weights]). Set by tfrun.cli.profiling."""
     threads: int = 1
     """Compute threads per rank (CPU)."""
     quiet: bool = False
