@@ -87,6 +87,7 @@ def _dp_worker(rank: int, path: str, out: str) -> None:
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # two gloo processes: the quick tier has no multi-process jobs (README)
 def test_two_replicas_agree_with_one_process_on_the_same_data(tmp_path):
     # The same micro-batches (16 tokens), split in two halves of 8 tokens over two replicas: the replicas'
     # small gradients are of 8 tokens and their mean is the one process's; the estimates agree within 10%.
