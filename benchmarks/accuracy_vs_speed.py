@@ -15,8 +15,8 @@ Regimes (--regime):
             of that micro-batch size, profiles/tiny-cpu-2stages-mb2.json.
 Methods (--methods): none; plan-C (the TimelyFreeze makespan plan at cap C from the shipped measured profile);
 uniform-0.9 (the cap-0.9 plan's mean ratio everywhere); apf; autofreeze; the hybrids; goodput (tfplan solve
---objective goodput at cap 0.9 on the shipped profile with the noise scale measured, as a user would, by a
-20-step unfrozen run from the regime's starting weights: OUT/<regime>/seedS/noise-probe); timely-goodput (the
+--objective goodput at cap 0.9 on the shipped profile with the noise section a user measures: `tfplan profile` at
+the regime's starting weights and data, OUT/<regime>/seedS/profile-measured.json); timely-goodput (the
 online mode re-planning for goodput as the noise scale drifts, cap 0.9); timely-0.9 (the online makespan mode);
 timely-goodput-z2 (the online goodput mode whose noise re-plans need a move beyond two standard errors,
 --noise-replan-z 2).
@@ -26,8 +26,8 @@ paired (`tfrun retime` over all of a seed's runs at once, then `tfrun compare --
 [paired time]); the regret of a method is its paired gap less the best plan cap's at that seed.
 
 For each regime and seed: `tfrun compare` (table, JSON, curves), the noise scale of the unfrozen run over its
-steps, APF's per-scalar statistic, and the learning model's prediction (tfplan.cost.goodput: efficiency from each
-run's realised per-stage ratios and the unfrozen run's median noise scale, times the run's measured speedup)
+steps, APF's per-scalar statistic, and the default learning model's prediction (tfplan.cost.goodput: efficiency
+from each run's realised per-stage ratios and the unfrozen run's median noise scale, times its measured speedup)
 against the measured gap at equal time.
 
     python benchmarks/accuracy_vs_speed.py --out runs/study                                   # finetune, seed 0
@@ -129,16 +129,17 @@ def pretrain(out: Path, plan: Path, flat: float, max_steps: int, chunk: int = 20
         steps += chunk
 
 
-def noise_profile(folder: Path, plan: Path, seed: int, start: list[str], regime: dict) -> Path:
-    """The shipped profile with the noise section a user would measure: 20 unfrozen steps from the regime's
-    starting weights, the noise scale at every step (tfrun.freeze.noise), its median per stage."""
-    probe = folder / "noise-probe"
-    summary = train(probe, plan, "none", 20, seed, [*start, "--noise-every", "1", "--lr", regime["lr"]])
+def noise_profile(folder: Path, start: list[str], regime: dict) -> Path:
+    """The shipped profile with the noise section a user measures: `tfplan profile` at the regime's starting
+    weights and data (its measuring runs at learning rate 0: tfrun.cli.profiling Note [profile at fixed weights]),
+    its noise section (in the default learning model) put into the shipped profile, whose stage times the cap plans
+    use too."""
+    measured = folder / "profile-measured.json"
+    if not measured.exists():
+        run(["tfplan", "profile", "--model", MODEL, "--stages", "2", "--microbatches", str(regime["m"]),
+             "--microbatch-size", str(MB_SIZE), "--seq-len", str(SEQ), *start, "-o", str(measured), "--json"])
     prof = json.loads(PROFILES[MB_SIZE].read_text())
-    prof["schema_version"] = 3
-    prof["noise"] = {"noise_scale_tokens": summary["noise_scale_tokens"], "grad_sq_share": summary["grad_sq_share"],
-                     "microbatch_tokens": MB_SIZE * SEQ, "source": "measured",
-                     "note": f"20 unfrozen steps from the regime's start ({probe})"}
+    prof["noise"] = json.loads(measured.read_text())["noise"]
     path = folder / "profile-noise.json"
     path.write_text(json.dumps(prof, indent=1))
     return path
@@ -148,13 +149,13 @@ def predictions(folders: dict[str, Path], compared: dict, batch_tokens: float) -
     """The learning model's goodput for every run (efficiency from its realised per-stage ratios at the unfrozen
     run's median noise scale, times its measured speedup) against its measured gap at equal time: the paired
     speedup and gap where the runs were re-timed (the raw ones carry the machine's drift between runs), else raw."""
-    from tfplan.cost.goodput import NoiseModel, progress
+    from tfplan.cost.goodput import measured, progress
 
     none = json.loads((folders["none"] / "summary.json").read_text())
-    noise = NoiseModel(noise_scale_tokens=tuple(none["noise_scale_tokens"]),
-                       grad_sq_share=tuple(none["grad_sq_share"]), microbatch_tokens=MB_SIZE * SEQ, source="measured")
+    noise = measured(none["noise_scale_tokens"], none["grad_sq_share"], MB_SIZE * SEQ, none.get("update_share"))
     base = progress([0.0] * len(noise.grad_sq_share), batch_tokens, noise)
-    lines = [f"noise scale of the unfrozen run (median over its measured steps): "
+    lines = [f"learning model {noise.learning_model} (tfplan.cost.goodput Note [learning models]); noise scale of the "
+             f"unfrozen run (median over its measured steps): "
              f"{', '.join(f'{x:.0f}' for x in noise.noise_scale_tokens)} tokens per stage, |G|^2 shares "
              f"{', '.join(f'{x:.2f}' for x in noise.grad_sq_share)}; batch {batch_tokens:.0f} tokens",
              "forward ms: the run's median forward per stage (never frozen, so its change against the unfrozen "
@@ -284,7 +285,7 @@ def main() -> None:
             if name == "goodput":
                 plan = where / f"seed{seed}" / "plan-goodput.json"
                 if not plan.exists():
-                    prof = noise_profile(where / f"seed{seed}", plans[cap], seed, start, regime)
+                    prof = noise_profile(where / f"seed{seed}", start, regime)
                     print(run(["tfplan", "solve", "-p", str(prof), "-s", "1f1b", "-m", str(m), "-c", str(cap),
                                "--objective", "goodput", "-o", str(plan)]), flush=True)
             folder = where / f"seed{seed}" / name
