@@ -210,6 +210,14 @@ def render_explanation(ex, top: int) -> None:
     console.print(f"at the run's speed per kind ({speeds}: measured over predicted time) the prediction is "
                   f"{ex.speed_step_ms:.1f} ms, error {ex.speed_error:+.1%}; at the forwards' speed alone "
                   f"{ex.predicted_step_ms * ex.forward_speed:.1f} ms, error {ex.speed_adjusted_error:+.1%}")
+    if ex.learning is not None:
+        lr = ex.learning
+        realised = ("-" if lr["realised_efficiency"] is None else
+                    f"{lr['realised_efficiency']:.3f} at the run's realised ratios "
+                    + ", ".join(f"{r:.2f}" for r in lr["realised_ratios"]))
+        console.print(f"learning ({lr['learning_model']} model, {lr['batch_tokens']:,.0f} tokens a step): the plan "
+                      f"predicted an efficiency of {lr['planned_efficiency']:.3f} at its ratios "
+                      + ", ".join(f"{r:.2f}" for r in lr["planned_ratios"]) + f"; {realised}")
     per_kind = Table(title="time per action kind (ms, summed over the step's actions)", title_justify="left",
                      show_edge=False)
     for col in ("kind", "count", "predicted", "measured", "measured / predicted"):

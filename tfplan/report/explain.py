@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tfplan.cost import goodput
 from tfplan.errors import TfplanError
 from tfplan.fileio import read_json
 from tfplan.plan import plan as plan_mod
@@ -93,6 +94,10 @@ class Explanation:
     and of the ranks' tails (`tail`); a kind whose predicted time is 0 is left out."""
     speed_step_ms: float
     """The plan's step at the run's speed per kind (Note [speed per kind]), ms."""
+    learning: dict[str, Any] | None = None
+    """A plan solved or evaluated with a noise section (tfplan.cost.goodput): its learning model, the efficiency
+    it predicted at its own stage means and the same model's efficiency at the run's realised freeze ratios (the
+    freezer's draws and ramp move them); None without."""
 
     @property
     def error(self) -> float:
@@ -158,6 +163,7 @@ class Explanation:
                          "measured_ms": a.measured_ms, "predicted_start_ms": a.predicted_start_ms,
                          "measured_start_ms": a.measured_start_ms} for a in self.largest()],
             "predicted_critical_path": self.predicted_path, "measured_critical_path": self.measured_path,
+            "learning": self.learning,
         }
 
 
@@ -292,7 +298,22 @@ def explain(run_dir: str | Path, plan_path: str | Path | None = None) -> Explana
         predicted_path=[str(dag.actions[v]) for v in predicted.critical_path],
         measured_path=[str(dag.actions[v]) for v in replayed.critical_path], predicted=predicted, replayed=replayed,
         measured=timeline, predicted_dag=dag, kind_speed=kind_speed, speed_step_ms=speed_step,
+        learning=_learning(plan, summary.get("realised_freeze_ratio")),
     )
+
+
+def _learning(plan: plan_mod.Plan, realised: list[float] | None) -> dict[str, Any] | None:
+    """Explanation.learning: the plan's learning model at its means and at the run's realised ratios."""
+    g = plan.goodput
+    if g is None:
+        return None
+    means = plan.mean_ratio_per_stage()
+    out = {"learning_model": g.noise.learning_model, "batch_tokens": g.batch_tokens, "planned_ratios": means,
+           "planned_efficiency": g.value.efficiency, "realised_ratios": realised, "realised_efficiency": None}
+    if realised is not None and len(realised) == len(means):
+        base = goodput.progress([0.0] * len(means), g.batch_tokens, g.noise)
+        out["realised_efficiency"] = goodput.progress(realised, g.batch_tokens, g.noise) / base if base > 0 else 1.0
+    return out
 
 
 def _at_speed(dag: Dag, actions: list[ActionResidual], tails: list[float],

@@ -123,8 +123,9 @@ def plan_notes(plan_obj) -> list[str]:
         else:
             lines.append(f"predicted goodput {g.value.goodput:.3f}x unfrozen training's (learning per step "
                          f"{g.value.efficiency:.3f}x, steps per second {g.value.speedup:.3f}x; batch "
-                         f"{g.batch_tokens:,.0f} tokens, noise scales {scales} tokens per stage; solved for "
-                         f"{g.objective})" + ("" if g.pays else ": freezing does not pay here"))
+                         f"{g.batch_tokens:,.0f} tokens, noise scales {scales} tokens per stage; learning model "
+                         f"{g.noise.learning_model}; solved for {g.objective})"
+                         + ("" if g.pays else ": freezing does not pay here"))
     if plan_obj.anchor_cost_ms > 0:
         share = plan_obj.anchor_cost_ms / plan_obj.predicted.planned_ms
         lines.append(f"the stage-0 anchor costs {plan_obj.anchor_cost_ms:.3f} ms a step ({share:.2%}): one stage-0 "

@@ -254,3 +254,35 @@ def test_the_speed_per_kind_takes_out_a_drift_the_forwards_alone_misjudge(tmp_pa
     assert [row["kind"] for row in data["by_kind"]] == ["F", "B"]
     text = CliRunner().invoke(app, ["explain", str(tmp_path / "forwards")]).output
     assert "at the run's speed per kind (F x1.20, B x1.00, tail x0.80" in text and "time per action kind" in text
+
+
+def test_a_plan_with_a_noise_section_reports_its_learning_model_at_the_runs_realised_ratios(tmp_path):
+    """The plan's learning model (tfplan.cost.goodput) read by explain: the efficiency the plan predicted at its
+    means, and the same model's at the ratios the run realised (summary.json), in closed form for mccandlish."""
+    from tfplan.cost.goodput import NoiseModel
+
+    path, p = _plan(tmp_path)
+    noise = NoiseModel(noise_scale_tokens=(1000.0, 3000.0), grad_sq_share=(0.25, 0.75), microbatch_tokens=64,
+                       source="given", learning_model="mccandlish")
+    batch = 4 * 64.0
+    prof = Profile(name="synthetic", p2p_ms=0.2, dispatch_ms=DISPATCH, step_overhead_ms=OVERHEAD,
+                   stages=p.dag.stage_costs)
+    noisy = plan.make_plan(p.dag, solver.solve(p.dag, 0.5), [0.5, 0.5], prof, goodput=("makespan", noise, batch, None))
+    plan_path = tmp_path / "noisy.json"
+    plan.write(noisy, plan_path)
+    run = _run(tmp_path, plan_path, plan.load(plan_path), {}, name="noisy")
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps(summary | {"realised_freeze_ratio": [0.4, 0.3]}))
+    ex = explain.explain(run, None)
+
+    def e(ratios):
+        return sum(w * (1 - r) * batch / ((1 - r) * batch + n) for w, n, r in zip((0.25, 0.75), (1000.0, 3000.0),
+                                                                                   ratios))
+
+    assert ex.learning["learning_model"] == "mccandlish"
+    means = noisy.mean_ratio_per_stage()
+    assert ex.learning["planned_efficiency"] == pytest.approx(e(means) / e([0, 0]))
+    assert ex.learning["realised_efficiency"] == pytest.approx(e([0.4, 0.3]) / e([0, 0]))
+    text = CliRunner().invoke(app, ["explain", str(run)]).output
+    assert "learning (mccandlish model, 256 tokens a step)" in text and "realised ratios 0.40, 0.30" in text
+    assert explain.explain(_run(tmp_path, path, p, {}, name="plain"), None).learning is None
