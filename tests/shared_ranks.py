@@ -202,6 +202,7 @@ def _worker(rank: int, world: int, config_path: str, env: dict[str, str], stdout
     import torch.distributed as dist
 
     from tfrun.cli import worker
+    from tfrun.distributed import launch
 
     ranks = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
     destroy = dist.destroy_process_group
@@ -209,13 +210,7 @@ def _worker(rank: int, world: int, config_path: str, env: dict[str, str], stdout
     code = 1
     try:
         with _environ(env | ranks, replace=True), _fds(Path(stdout), Path(log) if stderr_fd is None else stderr_fd):
-            try:
-                worker.main([config_path])
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException:  # noqa: BLE001 - reported like a crashed rank
-                traceback.print_exc()
+            code = launch.exit_code_of(worker.main, [config_path])
     finally:
         dist.destroy_process_group = destroy
     codes = [None] * world

@@ -218,18 +218,26 @@ def _rank_main(rank: int, config_path: str, env: dict[str, str], stderr_fd: int 
         import torch
 
         torch.set_num_threads(threads)
-        importlib.import_module(RANK_MODULE).main([config_path])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - reported like a crashed rank
-        traceback.print_exc()
+        code = exit_code_of(importlib.import_module(RANK_MODULE).main, [config_path])
     finally:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def exit_code_of(main, argv: list[str]) -> int:
+    """`main(argv)` (a rank's main, which ends in sys.exit) run in this process: its exit code, 1 for a crash
+    (its traceback on stderr)."""
+    try:
+        main(argv)
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - reported like a crashed rank
+        traceback.print_exc()
+        return 1
 
 
 def _die_with_parent() -> None:
