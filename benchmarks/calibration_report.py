@@ -255,9 +255,11 @@ def fit_scale(rows: list[dict]) -> float:
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
+    """Rank correlation over three values or more; None where either side is constant (the `free` model)."""
     from noise_plot import spearman as rank
 
-    return rank(a, b) if len(a) >= 3 else None
+    rho = rank(a, b) if len(a) >= 3 else None
+    return None if rho is None or math.isnan(rho) else rho
 
 
 def report(out: Path) -> tuple[str, dict]:
@@ -284,18 +286,22 @@ def report(out: Path) -> tuple[str, dict]:
         ratios = [statistics.fmean(r["ratios"][s] for r in group) for s in range(len(group[0]["ratios"]))]
         pred = {m: statistics.fmean(r["predicted"][m] for r in group) for m in MODELS}
         held = (regime, seed) not in FIT
+        control = is_null(cell)
         plan = _json(out / regime / "plans" / f"{cell}.json")["predicted"]
         speedup = plan["no_freeze_ms"] / plan["planned_ms"]
-        table.append({"regime": regime, "data_seed": seed, "cell": cell, "held_out": held, "ratios": ratios,
+        table.append({"regime": regime, "data_seed": seed, "cell": cell, "held_out": held, "control": control,
+                      "ratios": ratios,
                       "speedup": speedup,
                       "efficiency": med, "values": values, "spread": spread,
                       "eval_se": statistics.median(se) if se else None, "predicted": pred})
         lines.append(f"{regime:9s} {seed:4d} {cell:9s} {' '.join(f'{x:.2f}' for x in ratios):>11s} {len(values):2d} "
                      f"{f'{med:.3f} [{min(values):.3f} .. {max(values):.3f}]':>24s} "
                      f"{'-' if not se else f'{statistics.median(se):.3f}':>7s}  "
-                     + " ".join(f"{pred[m]:10.3f}" for m in MODELS) + ("  (held out)" if held else ""))
+                     + " ".join(f"{pred[m]:10.3f}" for m in MODELS)
+                     + ("  (control)" if control else "  (held out)" if held else ""))
     lines.append("")
-    lines.append("per model and regime: cells within max(seed scatter, 0.05) of the measured median; mean |residual|; "
+    lines.append("per model and regime (the controls, which make the baseline, left out): cells within max(seed "
+                 "scatter, 0.05) of the measured median; mean |residual|; "
                  "Spearman with the measured efficiency; Spearman of goodput (efficiency x the plan's predicted "
                  "speedup, the same for both: the cells' speed was not measured) (fit cells / held-out cells)")
     summary = {}
@@ -303,7 +309,7 @@ def report(out: Path) -> tuple[str, dict]:
         parts = []
         for regime in sorted({c["regime"] for c in table}):
             for held in (False, True):
-                sel = [c for c in table if c["regime"] == regime and c["held_out"] == held]
+                sel = [c for c in table if c["regime"] == regime and c["held_out"] == held and not c["control"]]
                 if not sel:
                     continue
                 ok = sum(abs(c["predicted"][model] - c["efficiency"]) <= max(c["spread"], TOLERANCE) for c in sel)
