@@ -6,6 +6,8 @@ Prints, measured in one run (1F1B, uniform profile F = 1, B = 2, frozen B = 1, c
       32 x 16384 (a million actions), the whole `tfplan solve -o plan.json` command with its peak RSS and plan
       file size, on the uniform profile and on a random one (random_profile: per-stage costs as tests/
       test_fastlp.py draws them, with rank tails and a dispatch cost, seed 0).
+  (issue 48, --figures hard) the million's whole command on each of HARD (spread_profile: seeds, spreads, p2p lags):
+      wall, CPU (user + sys), peak RSS, status, phase times and optima; then the worst and the median.
   (a) 1F1B 16 x 256 (8,192 actions): a straightforward GLOP model written here (pywraplp; one start
       variable per action, one row per DAG edge, the phases of Note [three-phase LP]), phase 1 only and
       all three phases; tfplan.solve.solver.solve (GLOP, redundant rows dropped); tfplan.solve.fastlp.solve (periodic
@@ -19,7 +21,7 @@ Times are medians of --repeats runs for the fast cases (the machine may be share
 
     python benchmarks/solver_scale.py                      # everything, about 15 minutes on 2 cores
     python benchmarks/solver_scale.py --parts issue        # the issue's figures only, about 5 minutes
-    python benchmarks/solver_scale.py --parts issue --figures 32x512   # one figure (32x512, 64x8192, 1m)
+    python benchmarks/solver_scale.py --parts issue --figures 32x512   # one figure (32x512, 64x8192, 1m, hard)
     python benchmarks/solver_scale.py --quick              # small sizes of every part, about a minute
 """
 
@@ -189,15 +191,13 @@ def fresh(p: int, m: int, with_glop: bool = False, timeout: float | None = None,
 def part_a(p: int, m: int, repeats: int) -> None:
     dag = build(p, m)
     print(f"(a) 1F1B {p} x {m}: {dag.num_nodes:,} actions, cap {CAP}")
-    rows = []
     naive1_s, naive1 = timed(lambda: naive_glop(dag, 1), 1)
     naive3_s, naive3 = timed(lambda: naive_glop(dag, 3), 1)
     glop_s, glop = timed(lambda: solver.solve(dag, CAP), 1)
     fast_s, fast = timed(lambda: fastlp.solve(dag, CAP), repeats)
-    rows.append(("straightforward GLOP, phase 1", naive1_s, naive1))
-    rows.append(("straightforward GLOP, 3 phases", naive3_s, naive3))
-    rows.append(("tfplan.solve.solver.solve (GLOP)", glop_s, [x.objective for x in glop.phases]))
-    rows.append((f"tfplan.solve.fastlp.solve (median of {repeats})", fast_s, [x.objective for x in fast.phases]))
+    rows = [("straightforward GLOP, phase 1", naive1_s, naive1), ("straightforward GLOP, 3 phases", naive3_s, naive3),
+            ("tfplan.solve.solver.solve (GLOP)", glop_s, [x.objective for x in glop.phases]),
+            (f"tfplan.solve.fastlp.solve (median of {repeats})", fast_s, [x.objective for x in fast.phases])]
     print(f"    {'solver':<36}{'wall s':>9}{'x faster':>10}   phase objectives (T1, R2, E3)")
     for name, wall, objs in rows:
         print(f"    {name:<36}{wall:>9.3f}{naive3_s / wall:>10.1f}   " + ", ".join(f"{x:.10g}" for x in objs))
@@ -249,20 +249,23 @@ def part_c(ladder: list[tuple[int, int]]) -> None:
 # Issue 23's figures, each next to its target
 
 
+def _stage(rng: random.Random, spread: float = 1.0) -> StageCost:
+    """One stage as tests/tfplan/solve/fastlp/instances.py's _random_profile draws it (B 1-4 ms, I 30-70% of B, frozen
+    B 30-90%, frozen W 0-30%, F 0.5-2 ms; 15% unfreezable), B and F 1 + 3 spread and 0.5 + 1.5 spread ms at most."""
+    b = rng.uniform(1.0, 1.0 + 3.0 * spread)
+    i = rng.uniform(0.3, 0.7) * b
+    stiff = rng.random() < 0.15
+    b_frozen = b if stiff else rng.uniform(0.3, 0.9) * b
+    w_frozen = b - i if stiff else rng.uniform(0.0, 0.3) * (b - i)
+    return StageCost(forward_ms=rng.uniform(0.5, 0.5 + 1.5 * spread), backward_ms=b, backward_frozen_ms=b_frozen,
+                     backward_input_ms=i, backward_weight_ms=b - i, backward_weight_frozen_ms=w_frozen)
+
+
 def random_profile(num_stages: int, seed: int = 0) -> Profile:
-    """Per-stage costs drawn as tests/tfplan/solve/fastlp/instances.py's _random_profile draws them (B 1-4 ms, I
-    30-70% of B, frozen B 30-90%, frozen W 0-30%, F 0.5-2 ms; 15% of stages cannot be frozen), with rank tails of 0 or
-    up to 8 ms and a dispatch cost of 0 or 0.05 ms from a second generator."""
+    """The tests' per-stage costs (_stage, drawn in their order, so that a seed gives the tests' profile), with rank
+    tails of 0 or up to 8 ms and a dispatch cost of 0 or 0.05 ms from a second generator."""
     rng = random.Random(seed)
-    stages = []
-    for _ in range(num_stages):  # the draws in the tests' order, so that a seed gives the tests' profile
-        b = rng.uniform(1.0, 4.0)
-        i = rng.uniform(0.3, 0.7) * b
-        stiff = rng.random() < 0.15
-        b_frozen = b if stiff else rng.uniform(0.3, 0.9) * b
-        w_frozen = b - i if stiff else rng.uniform(0.0, 0.3) * (b - i)
-        stages.append(StageCost(forward_ms=rng.uniform(0.5, 2.0), backward_ms=b, backward_frozen_ms=b_frozen,
-                                backward_input_ms=i, backward_weight_ms=b - i, backward_weight_frozen_ms=w_frozen))
+    stages = [_stage(rng) for _ in range(num_stages)]
     extra = random.Random(seed + 1_000_003)
     stages = [StageCost(**{**c.to_dict(), "tail_ms": extra.choice([0.0, extra.uniform(0.0, 8.0)])}) for c in stages]
     return Profile(name=f"random-{seed}", p2p_ms=0.0, dispatch_ms=extra.choice([0.0, 0.05]), stages=tuple(stages))
@@ -287,7 +290,38 @@ def whole_command(prof: Profile, p: int, m: int, folder: Path) -> dict:
     solver_rec = json.loads(plan.read_text())["solver"]
     return {"wall_s": wall, "peak_mib": usage.ru_maxrss / 1024, "plan_mb": plan.stat().st_size / 1e6,
             "csv_mb": plan.with_suffix(".csv").stat().st_size / 1e6, "solver_s": solver_rec["wall_s"],
-            "status": solver_rec["status"], "warnings": err.strip()}
+            "status": solver_rec["status"], "warnings": err.strip(), "cpu_s": usage.ru_utime + usage.ru_stime,
+            "phases": solver_rec["phases"]}
+
+
+# (seed, spread, p2p ms), fixed before any tuning: 13 and 15, found hard before, and eight over spreads and lags.
+HARD = [(13, 0.3, 0.0), (15, 1.0, 1.0), (21, 0.1, 0.0), (22, 0.3, 0.1), (23, 1.0, 0.0), (24, 1.0, 0.1),
+        (25, 3.0, 0.0), (26, 3.0, 1.0), (27, 0.1, 1.0), (28, 0.3, 1.0)]
+
+
+def spread_profile(num_stages: int, seed: int, spread: float, p2p_ms: float) -> Profile:
+    """Stages drawn by _stage at `spread`, each with a rank tail of 0 or up to 8 spread ms from the same generator,
+    and a p2p lag: spread 1 has random_profile's ranges, a small spread nearly equal stages."""
+    rng, stages = random.Random(seed), []
+    for _ in range(num_stages):
+        c = _stage(rng, spread)
+        stages.append(StageCost(**{**c.to_dict(), "tail_ms": rng.choice([0.0, rng.uniform(0.0, 8.0 * spread)])}))
+    return Profile(name=f"spread-{seed}", p2p_ms=p2p_ms, dispatch_ms=rng.choice([0.0, 0.05]), stages=tuple(stages))
+
+
+def hard_figures(p: int, m: int, folder: Path) -> None:
+    """Issue 48: the whole command on each HARD instance in turn (CPU: user + sys of its threads, from wait4)."""
+    print(f"    hard instances, 1F1B {p} x {m} cap {CAP}, whole tfplan solve -o plan.json each:")
+    rows = []
+    for seed, spread, p2p in HARD:
+        rows.append(r := whole_command(spread_profile(p, seed, spread, p2p), p, m, folder))
+        print(f"      seed {seed} spread {spread:g} p2p {p2p:g}: wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s, "
+              f"peak {r['peak_mib']:.0f} MiB, {r['status']}, phases "
+              + " / ".join(f"{x['wall_s']:.1f}" for x in r["phases"])
+              + " s, optima " + ", ".join(f"{x['objective']:.12g}" for x in r["phases"]), flush=True)
+    for key, target in (("cpu_s", 20.0), ("wall_s", 20.0), ("peak_mib", 1536.0)):
+        worst, median = max(r[key] for r in rows), statistics.median(r[key] for r in rows)
+        print(f"    {key}: worst {worst:.1f}, median {median:.1f} ({_verdict(worst, target)})")
 
 
 def _verdict(value: float, target: float) -> str:
@@ -324,6 +358,8 @@ def issue_figures(figures: set[str], repeats: int, quick: bool) -> None:
                 target = 60.0 if limit is None else limit * 1.05
                 print(f"    1F1B {p} x {m}: {what} {r['fast_s']:.1f} s ({r['status']}, phases {phases} s, peak "
                       f"{r['peak_mib']:.0f} MiB; {_verdict(r['fast_s'], target)})")
+        if "hard" in figures:
+            hard_figures(*((32, 2048) if quick else (32, 16384)), folder)
         if "1m" in figures:
             p, m = (32, 2048) if quick else (32, 16384)
             for prof in (profile.uniform(p), random_profile(p)):
@@ -340,11 +376,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="8 x 128, 16 x 256, a short ladder (under a minute)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of the fast solvers (median reported)")
-    parser.add_argument("--glop-32", action="store_true",
-                        help="also run tfplan.solve.solver.solve on 32 x 512 (minutes)")
+    parser.add_argument("--glop-32", action="store_true", help="also tfplan.solve.solver.solve on 32 x 512 (minutes)")
     parser.add_argument("--parts", default="issue,a,b,c", help="comma-separated parts to run: issue, a, b, c")
     parser.add_argument("--figures", default="32x512,64x8192,1m",
-                        help="the issue's figures to measure: 32x512, 64x8192, 1m (comma-separated)")
+                        help="the issue's figures to measure: 32x512, 64x8192, 1m, hard (comma-separated)")
     args = parser.parse_args()
     parts, figures = set(args.parts.split(",")), set(args.figures.split(","))
     print(f"TimelyFreeze LP at scale ({'quick' if args.quick else 'full'}; {os.cpu_count()} CPUs, load averages "

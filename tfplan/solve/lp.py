@@ -53,10 +53,11 @@ at 1e-7, the same scale as the 1e-7 by which U may fall below L (next paragraph)
 instance only through float64's rounding of L. The full-LP backend's OPTIMAL promises only GLOP's own tolerances
 (absolute, on feasibility and reduced costs), no relative gap at all.
 U may also come out below L, by GLOP's feasibility tolerance (a tied row stands for thousands of copies):
-down to 1e-7 relative that counts as certified with gap 0, the phase reports max(U, L), and the plan is
-re-simulated against its bounds (tfplan.solve.fastlp). A phase that stopped short of all that (the time limit) is
-FEASIBLE: its point is a valid plan and its gap U - L says how far from optimal it may be at most. A solve is
-as good as its worst phase (worst_status).
+down to 1e-7 relative that counts as certified with gap 0 (in phase 3 also further, where the plan's own
+rounding explains it: Note [explained negative gaps] in tfplan.solve.fastlp.lower), the phase reports
+max(U, L), and the plan is re-simulated against its bounds (tfplan.solve.fastlp). A phase that stopped short
+of all that (the time limit) is FEASIBLE: its point is a valid plan and its gap U - L says how far from optimal
+it may be at most. A solve is as good as its worst phase (worst_status).
 """
 
 from __future__ import annotations

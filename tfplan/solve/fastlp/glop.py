@@ -277,26 +277,44 @@ def solve_lp(lp: SparseLP, tied: bool, deadline: Deadline, dual_simplex: bool = 
 
 
 def race(lp: SparseLP, exact: bool, deadline: Deadline, warm: tuple[np.ndarray, np.ndarray] | None = None,
-         head_start_s: float = 0.0, basis: bool = False, within: Race | None = None) -> LPResult | None:
+         head_start_s: float = 0.0, basis: bool = False, within: Race | None = None,
+         keep_warm: bool = False) -> LPResult | None:
     """Phase 3's tied primal (or tied dual) by the primal and the dual simplex at once: the first result
     interrupts the other (Note [LP tolerance] in tfplan.solve.fastlp.phases). With `warm` (phase 3's tied dual:
     dual.phase3_dual_basis, Note [warm phase 3] there) the dual simplex from that basis first, alone; if it has
-    no result within head_start_s seconds, it is interrupted and the race runs as without it. basis: return
-    the optimal basis too (LPResult.basis); within: a Race whose end stops this one (None once it has)."""
+    no result within head_start_s seconds, it is interrupted and the race runs as without it, or, keep_warm,
+    it goes on against the primal simplex from scratch (Note [phase 3 through phase 2] in
+    tfplan.solve.fastlp.rounds). basis: return the optimal basis too (LPResult.basis); within: a Race whose end
+    stops this one (None once it has)."""
     if warm is not None:
         alone = Race()
         if within is not None and not within.enter(alone):
             return None
-        with ThreadPoolExecutor(max_workers=1) as pool:
+
+        def first(dual_simplex: bool, job):  # a result ends the contest
+            def run() -> LPResult | None:
+                result = job()
+                if result is not None:
+                    alone.finish()
+                    result = replace(result, dual_simplex=dual_simplex)
+                return result
+            return run
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
             limit = None if deadline.limit_s is None else deadline.remaining()
-            future = pool.submit(solve_warm, lp, warm, DUAL_WARM_PARAMS, limit, final_basis=basis, race=alone)
+            jobs = [pool.submit(first(True, lambda: solve_warm(lp, warm, DUAL_WARM_PARAMS, limit, final_basis=basis,
+                                                               race=alone)))]
             try:
-                result = future.result(timeout=head_start_s)
+                jobs[0].result(timeout=head_start_s)
             except TimeoutError:
-                alone.finish()
-                result = future.result()
-        if result is not None:  # (an interrupted solve has none)
-            return replace(result, dual_simplex=True)
+                if keep_warm:
+                    jobs.append(pool.submit(first(False, lambda: solve_lp(lp, not exact, deadline, duals=exact,
+                                                                          race=alone, basis=basis))))
+                else:
+                    alone.finish()
+            results = [r for r in (job.result() for job in jobs) if r is not None]
+        if results:  # (an interrupted solve has none)
+            return _better(lp, results)
     contest = Race()
     if within is not None and not within.enter(contest):
         return None
@@ -310,5 +328,9 @@ def race(lp: SparseLP, exact: bool, deadline: Deadline, warm: tuple[np.ndarray, 
 
         dual = other.submit(job, True)
         results = [r for r in (job(False), dual.result()) if r is not None]
-    # Both may finish: keep the better optimum (a tied primal's smaller U, a tied dual's larger value).
+    return _better(lp, results)
+
+
+def _better(lp: SparseLP, results: list[LPResult]) -> LPResult | None:
+    """Both of a race may finish: the better optimum (a tied primal's smaller U, a tied dual's larger value)."""
     return max(results, default=None, key=lambda r: r.objective if lp.maximize else -r.objective)

@@ -4,22 +4,51 @@ Part of tfplan.solve.fastlp. lower_bound turns a tied dual's solution (or an unt
 bound of tfplan.solve.fastlp.bound; dual_bound is the first try for a freshly solved tied dual (the chains' windows,
 then the point refined on its basis, Note [refined duals] in tfplan.solve.fastlp.refine); tighter_bound the last
 resort when GLOP's own dual value is close to U but the safe bound is not (the longest-path windows, then a
-dual solved again). Note [LP tolerance] in tfplan.solve.fastlp.phases says when each is used.
+dual solved again); relaxed_bound judges a phase-3 U that came out below L. Note [LP tolerance] in
+tfplan.solve.fastlp.phases says when each is used.
+
+Note [explained negative gaps]
+  By weak duality L <= OPT <= U for a feasible U, so rounds.certified reads U below L by more than NEG_GAP (1e-7
+  relative) as a solve gone wrong and grows the margins. In phase 3 that can be rounding instead. Its value can
+  be far more sensitive to the bound on T than its size suggests: on seed 23 of benchmarks/solver_scale.py's hard
+  instances (1F1B 32 x 16384, spread 1) the tied dual prices T at 52,540 deviation units per ms, against a value
+  of 407.6 at T = 79,032 ms, so a plan past T by 1e-13 of T moves the value by 1e-6 of itself. Phase 3's first
+  tied primal point there was past T by 1.95e-8 ms (2.5e-13; start times near 8e4 ms summed along paths of
+  ~1e4-1e5 actions round that much, GLOP's 1e-10 tolerance aside) and past its total-freeze bound by 5e-9
+  (1.3e-13), and its U came out 6.4e-5 (1.6e-7 relative) below L: two more rounds and 104 s of phase 3 (the CLI's
+  120 s limit stopped it FEASIBLE), and the round that certified had U 5.8e-8 below L, by luck. So in phase 3
+  such a gap is first explained (relaxed_bound): the point's plan is simulated; past its bounds (T, the total
+  freeze, the caps) by no more than POINT_TOL (1e-12 relative) it is as feasible as float64 makes it, and the
+  same dual's safe bound on the LP relaxed to what the plan reaches (weak duality again: a safe bound of that LP)
+  falls to 407.5715, below U. A U at or above that relaxed bound less NEG_GAP is what its rounding explains, and
+  the phase is certified at max(U, L) = L, the safe bound, as any U within NEG_GAP below L is; otherwise the
+  margins grow as before. Seed 23: phase 3 1.8 s, the same value (407.57254347240655) as the 104 s run certified.
+  The gap tolerances themselves are unchanged.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import replace
+
+import numpy as np
 
 from tfplan.solve.fastlp.bound import Windows, from_primal_duals, from_tied_dual, safe_lower_bound
 from tfplan.solve.fastlp.dual import tied_dual
 from tfplan.solve.fastlp.glop import DUAL_PARAMS, LPResult, solve_lp
 from tfplan.solve.fastlp.margins import Margins
 from tfplan.solve.fastlp.refine import refined
-from tfplan.solve.fastlp.tied import INF, Compressed, Phase, SparseLP
+from tfplan.solve.fastlp.tied import INF, Compressed, Phase, SparseLP, expand_ratios
 from tfplan.solve.lp import Deadline, gap_tol
+from tfplan.step.simulate import simulate
 
 log = logging.getLogger(__name__)
+
+POINT_TOL = 1e-12
+"""Relative: how far past its bounds (T <= t_ub, the total freeze, the caps) a phase-3 point may reach and still count
+as kept to float64's rounding (Note [explained negative gaps]): a start time summed along a path of ~1e4-1e5
+actions is off by up to that many roundings of 1.1e-16."""
 
 
 def lower_bound(c: Compressed, phase: Phase, primal: SparseLP | None, upper: LPResult | None, lower: LPResult | None,
@@ -91,3 +120,28 @@ def tighter_bound(c: Compressed, phase: Phase, primal: SparseLP, upper: LPResult
             fresh = max(fresh, lower_bound(c, phase, primal, upper, again, margins.path_windows()))
     log.debug("phase %d: safe bound with windows %s, from a dual solved again %s", phase.number, bound, fresh)
     return max(bound, -INF if fresh is None else fresh), 0 if again is None else again.iterations
+
+
+def relaxed_bound(margins: Margins, c: Compressed, c_dual: Compressed, phase: Phase, x: np.ndarray,
+                  lower: LPResult) -> tuple[float, float] | None:
+    """The exact value of phase 3's tied primal point x (at compression c) expanded to every action, its deviations
+    recomputed from its ratios, and the safe bound of the tied dual `lower` (at c_dual) on the LP whose bounds are
+    relaxed to what that plan reaches (its simulated makespan, its total freeze, its stages' means): Note [explained
+    negative gaps]. None when the plan is past a bound by more than POINT_TOL (relative)."""
+    g = c.g
+    r = expand_ratios(c, x)
+    frz, stage = g.frz, g.stage[g.frz]
+    size = np.maximum(np.bincount(stage, minlength=len(phase.caps)), 1)
+    mean = np.bincount(stage, weights=r[frz], minlength=len(phase.caps)) / size
+    value = 2.0 * math.fsum(np.maximum(0.0, r[frz] - mean[stage]))  # 2 sum_a e_a (Note [one-sided deviation])
+    makespan = simulate(margins.dag, (g.d_max - r * g.delta).tolist()).makespan_ms
+    total = math.fsum(r)
+    past = (max(0.0, makespan - phase.t_ub), max(0.0, total - phase.r_ub), np.maximum(0.0, mean - phase.caps))
+    if past[0] > POINT_TOL * phase.t_ub or past[1] > POINT_TOL * max(1.0, phase.r_ub) or np.any(past[2] > POINT_TOL):
+        return None
+    relaxed = replace(phase, t_ub=phase.t_ub + past[0], t_max=phase.t_max + past[0], r_ub=phase.r_ub + past[1],
+                      caps=phase.caps + past[2])
+    bound = lower_bound(c_dual, relaxed, None, None, lower, margins.chain_windows())
+    log.debug("phase 3: the point's value %s, past T by %.3g ms and the total by %.3g; the bound there %s", value,
+              past[0], past[1], bound)
+    return value, bound

@@ -36,6 +36,19 @@ Note [lagging runs]
   1.6 -> 0.3 s. Three certified at a larger margin (1F1B 32 x 512 random-5 8.1k -> 9.5k columns, random-9
   7.6k -> 8.9k, interleaved 16 x 512 random-3 29.2k -> 31.0k) in the same time to the noise (random-9 twice
   each: 2.10, 1.90 s before, 2.11, 2.18 s after).
+
+Note [catch-up rounds]
+  Note [two margins] has a dual handed a smaller margin than the primal's grow alone first, capped at the
+  primal's margin. Such a round grows the dual only where it lagged, so its value staying put says nothing of
+  whether the dual's margin is large enough, and rounds.certified does not count it as a growth that moved
+  nothing (caught_up). It did: on the hard instances of benchmarks/solver_scale.py (`--figures hard`; 1F1B 32 x
+  16384) phase 2's dual started 13-158 periods behind the primal's of about 2,500-2,700 in all; on seeds 25 and
+  26 its catch-up round moved nothing, and the primal then grew alone, the dual still short at its first margin,
+  until the primal's value stalled (seed 25, spread 3: three times, then both, to 75k LP columns, and phase 3 at
+  96k took 152 s; seed 26: twice, then both, to 39k). Counting it no more, both sides grow at the next gap: phase
+  2 certified at 20k and 11k columns (fastlp.solve 183 -> 13.5 s and 22.7 -> 11.6 s, with Note [kept compression]
+  in tfplan.solve.fastlp.rounds; the same optima). A dual behind by fewer than CATCH_UP_SHARE of its own periods
+  is not caught up alone at all: such a round costs a tied dual solve (0.5-1 s there) and changes a few runs.
 """
 
 from __future__ import annotations
@@ -48,6 +61,10 @@ from tfplan.solve.fastlp.bound import Windows
 from tfplan.solve.fastlp.graph import GraphArrays, Runs, Ties
 from tfplan.solve.fastlp.tied import Compressed
 from tfplan.step.dag import Dag
+
+CATCH_UP_SHARE = 0.1
+"""A dual behind the primal's margin by fewer periods than this share of its own is not caught up alone first (Note
+[catch-up rounds])."""
 
 
 class Margins:
@@ -73,6 +90,7 @@ class Margins:
         self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first))
         self.dual: tuple[np.ndarray, np.ndarray] = self.current
         self._catch_up = False  # the dual was handed a smaller margin than the primal's (Note [two margins])
+        self.caught_up = False  # the last advance only caught the dual up (Note [catch-up rounds])
         self._lift = False  # phases 2-3: a grown margin lifts the runs that lag (Note [lagging runs])
         self._compressed: dict[object, Compressed] = {}  # the primal's (current) and the last other one
         self._windows: dict[str, Windows] = {}
@@ -108,6 +126,10 @@ class Margins:
         margin = self.current
         assert margin is not None, "an untied primal certifies itself"
         self._catch_up = self._catch_up and self._dual_behind(margin)
+        if self._catch_up:  # so few periods behind that a round for them says nothing (Note [catch-up rounds])
+            behind = sum(int(np.maximum(0, m - d).sum()) for m, d in zip(margin, self.dual))
+            self._catch_up = behind >= CATCH_UP_SHARE * sum(int(d.sum()) for d in self.dual)
+        self.caught_up = self._catch_up
         if self._catch_up:
             assert self.grow_dual(cap=margin), "a margin below a tied primal's can grow"
             return False, True
@@ -134,6 +156,12 @@ class Margins:
             return False
         self.dual = grown
         return True
+
+    def keep(self, margin: tuple[np.ndarray, np.ndarray] | None, c: Compressed) -> None:
+        """Make `margin`, whose compression is `c`, the primal's again (the next phase starts from the point a phase
+        kept there, Note [kept compression] in tfplan.solve.fastlp.rounds)."""
+        self.current = margin
+        self._compressed[_key(margin)] = c
 
     def _dual_behind(self, margin: tuple[np.ndarray, np.ndarray]) -> bool:
         """Whether the dual's margin is below the (tied) primal's `margin` for some run."""

@@ -24,14 +24,35 @@ Note [warm phase 3]
   columns), 1.4 s and 2,327 iterations against 30.9 s for the cold race. Not always: on uniform 1F1B
   64 x 8192 it took 28-30 s (34,363 iterations) where the dual simplex from scratch with presolve took 19 s
   beside it, and racing all three slowed the winner by the third thread (uniform 32 x 512: phase 3 0.7 s
-  with the warm dual alone, 1.7-2.0 s in a race of three). So the warm dual runs first and alone, for half
-  what phase 2's tied dual took at that margin (at least 1 s); if it has not finished by then, it is
-  interrupted (math_opt's interrupter, glop.Race) and the race of two runs as before: at worst phase 3 costs
-  that head start more (64 x 8192: phase 3 15.1 s, the warm dual stopped at 1.7 s). On random-0 32 x 16384
-  the dual it ends on gives a safe bound 6e-7 below U (the cold race's: 1.3e-7; a primal feasibility
+  with the warm dual alone, 1.7-2.0 s in a race of three). So the warm dual runs first and alone, for what
+  phase 2's tied dual took at that margin (at least 1 s); if it has not finished by then, it is interrupted
+  (math_opt's interrupter, glop.Race) and the race of two runs as before: at worst phase 3 costs that head
+  start more (64 x 8192: phase 3 15.1 s, the warm dual stopped at 1.7 s, with half phase 2's time as the head
+  start; that half stopped it at 1.0-1.3 s on seeds 27 and 28 of benchmarks/solver_scale.py's hard instances,
+  under load, where it needed 1.2-2.3 s, and the cold race then took 5-7 s). On random-0 32 x 16384 the dual
+  it ends on gives a safe bound 6e-7 below U (the cold race's: 1.3e-7; a primal feasibility
   tolerance of 1e-10 for it did not change that), which took lower.tighter_bound (the path windows, then the
   primal simplex from scratch: 6 s); recomputed from its basis (Note [refined duals] in
   tfplan.solve.fastlp.refine) the same dual's bound is 8.6e-8 below U, and phase 3 took 4.1 s in all.
+
+Note [phase 3 through phase 2]
+  Where phase 3 needs a margin phase 2 was not solved at (its own growths), its LPs had no basis to start from,
+  and from scratch they took minutes at a million actions: on seeds 27 and 28 of benchmarks/solver_scale.py's
+  hard instances (p2p 1 ms, near-equal stages; 1F1B 32 x 16384) phase 3's second round, 13-15k primal and
+  28-31k dual columns, took 48-76 s for the primal's race and 38-71 s for the dual's (four GLOP threads on two
+  cores). Phase 2's LPs there are far cheaper, so phase 3 goes through them (rounds._through_phase2,
+  rounds._lower_side). The primal: phase 2's kept point carried to the new compression (tied.carried_point,
+  Note [warm margins]) is optimal there to phase 2's tolerance (a larger margin only frees, and phase 2's
+  certificate bounds it below), so the primal simplex from its basis (tied.basis_of_point, WARM_PARAMS) has
+  only to reach a vertex: 9.5-12.8 s on seeds 28 and 27 where the dual simplex from it (CARRIED_PARAMS, for a
+  point that is not optimal yet in phase 2's own rounds) took 20-29 s and from scratch 16 s; phase 3 then
+  starts from that basis (tied.phase3_basis) as in its first round, 7.8-13.4 s. (Phase 3's own point carried
+  the same way took 48 s by the primal simplex, 26 s by the dual.) The dual: phase 2's tied dual solved there
+  from scratch (5.9-8.3 s), then phase 3's from its basis as in the first round (dual.phase3_dual_basis), except
+  that after its head start it is not stopped but raced against the primal simplex from scratch (glop.race's
+  keep_warm): 6.6-13.1 s where the race from scratch had taken 36-71 s. fastlp.solve, one run each under load
+  (2026-12-06, with the other changes of that day): seed 28 96 -> 31 s, seed 27 100 -> 45 s, the same optima
+  to phase 3's tolerance.
 
 Note [LP tolerance]
   The plan is re-simulated, and its makespan should stay within the phase bound T1 (1 + 1e-9). A tied row
@@ -57,10 +78,14 @@ Note [LP tolerance]
   own dual value comes within SANE_GAP of U is recomputed with the longest-path windows, then from a dual
   solved again, more precisely or by the other simplex (lower.tighter_bound, bound: at a million actions GLOP's
   own dual value is no better than 3e-8);
-  a gap U - L that misses it by a little (up to SANE_GAP) is re-tried with the tied primal polished by PLAN_PARAMS
-  (a presolved U once came out 1.4e-9 relative above the optimum); and a plan past T1 (or the target)
-  (1 + SIM_TOL) or past phase 3's total-freeze row (the dual simplex with presolve once returned a point 2x
-  over R2's allowance) is re-solved more precisely (_plan); the first that fits is kept.
+  a gap U - L that misses it by a little (up to SANE_GAP: 1e-7 relative in phases 1-2, 1e-6 in phase 3) is
+  re-tried with the tied primal polished by PLAN_PARAMS (a presolved U once came out 1.4e-9 relative above the
+  optimum) and L tightened as above (SANE_GAP was 1e-6 for all three phases until 2026-12-06; the traces of
+  GLOP's tolerances measured are 1.4e-9 on U, as said, and 3e-8 on its own dual value in phase 3 at a million
+  actions, and on seed 15 of benchmarks/solver_scale.py's hard instances phase 2's gap of 1.7e-7 at its first
+  margin was the margin's: polishing and tightening took 3.6 s, the next margin certified); and a plan past T1
+  (or the target) (1 + SIM_TOL) or past phase 3's total-freeze row (the dual simplex with presolve once returned
+  a point 2x over R2's allowance) is re-solved more precisely (_plan); the first that fits is kept.
   (Before issue 9's phase 3: on 11 instances (1F1B, GPipe, interleaved, ZB, ZBV, DualPipeV; up to 32,768
   actions) these settings took 32 s in all against 71 s with PLAN_PARAMS for every phase-3 primal and the
   primal simplex throughout, with the same objectives to 10 digits.)

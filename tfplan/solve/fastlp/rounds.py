@@ -26,6 +26,13 @@ Note [unneeded duals]
   be short cannot be told beforehand (on interleaved 16 x 512 the last dual was needed), so both still start;
   only the wait is cut. The dual margin handed on is then the earlier round's, the smallest that met.
 
+Note [kept compression]
+  A phase keeps the smallest U of its rounds, and phase 3 starts from phase 2's basis (Note [warm phase 3]) only
+  at the compression of the point phase 2 kept. A later round's U can come out equal to the noise but not
+  smaller, and the margins had by then moved on: on seed 25 of benchmarks/solver_scale.py's hard instances
+  (spread 3, 1F1B 32 x 16384) phase 2 kept its U of the 38k-column round while its margin stood at 75k columns,
+  and phase 3's race from scratch at 96k columns took 152 s. A certified phase therefore hands on the margin of
+  the point it keeps (Margins.keep): the next phase starts there, from that point's basis.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -49,7 +56,7 @@ from tfplan.solve.fastlp.glop import (
     solve_lp,
     solve_warm,
 )
-from tfplan.solve.fastlp.lower import dual_bound, lower_bound, tighter_bound
+from tfplan.solve.fastlp.lower import dual_bound, lower_bound, relaxed_bound, tighter_bound
 from tfplan.solve.fastlp.margins import Margins
 from tfplan.solve.fastlp.tied import (
     INF,
@@ -65,8 +72,10 @@ from tfplan.solve.lp import FEASIBLE, OPTIMAL, PHASE_NAMES, Deadline, PhaseResul
 
 log = logging.getLogger(__name__)
 
-SANE_GAP = 1e-6  # a gap U - L above the tolerance up to this (relative) is first re-tried with U polished
-NEG_GAP = 1e-7  # U < L by more than this (relative) means a solve went wrong (L <= U by weak duality): grow
+SANE_GAP = (1e-7, 1e-7, 1e-6)  # per phase: a gap U - L above the tolerance up to this (relative) is first re-tried
+# with U polished and L tightened (Note [LP tolerance] in tfplan.solve.fastlp.phases)
+NEG_GAP = 1e-7  # U < L by more than this (relative) means a solve went wrong (L <= U by weak duality): grow,
+# unless the point's own rounding explains it (phase 3: Note [explained negative gaps] in tfplan.solve.fastlp.lower)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +113,9 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
     """Start the tied primal's solve (Note [LP tolerance]): the dual simplex in phase 2 (keeping its basis for
     phase 3), from `warm` when it is given (the last margin's point, Note [warm margins]; or, `handed`, the goodput
     search's basis, by the primal simplex: Note [goodput handover]), the primal simplex in phase 1, and in
-    phase 3 the primal simplex from `warm`, phase 2's basis (Note [warm phase 3]), or without it both simplexes
-    in a race (the first to finish interrupts the other). Returns the futures."""
+    phase 3 the primal simplex from `warm`, phase 2's basis (Note [warm phase 3]; a job that finds it, at a margin
+    phase 2 was not solved at: Note [phase 3 through phase 2]), or without it both simplexes in a race (the first
+    to finish interrupts the other). Returns the futures."""
     def cold() -> LPResult | None:
         if number == 3:
             return race(primal, exact, deadline)
@@ -113,13 +123,17 @@ def _submit_upper(pool: ThreadPoolExecutor, primal: SparseLP, exact: bool, numbe
 
     if warm is not None:
         def warm_job() -> LPResult | None:
+            basis, spent = warm() if callable(warm) else (warm, 0)  # (phase 3 through phase 2: found here)
+            result = None
             limit = None if deadline.limit_s is None else deadline.remaining()
-            if number == 2:
-                result = solve_warm(primal, warm, WARM_PARAMS if handed else CARRIED_PARAMS, limit, final_basis=True)
-            else:
-                result = solve_warm(primal, warm, WARM_PARAMS, limit)
+            if basis is not None and number == 2:
+                result = solve_warm(primal, basis, WARM_PARAMS if handed else CARRIED_PARAMS, limit, final_basis=True)
+            elif basis is not None:
+                result = solve_warm(primal, basis, WARM_PARAMS, limit)
+            if result is not None:
+                return replace(result, iterations=result.iterations + spent)
             # A basis GLOP cannot use (or a failed solve): the solve from scratch, as without a basis.
-            return result if result is not None or deadline.expired() else cold()
+            return None if deadline.expired() else cold()
 
         return [pool.submit(warm_job)]
     return [pool.submit(cold)]
@@ -167,11 +181,14 @@ def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcom
                 elif phase.number == 3 and not exact and before is not None and before.c is c:
                     if before.upper.basis is not None:
                         warm = phase3_basis(c, before.primal, primal, before.upper.x, before.upper.basis)
+                elif phase.number == 3 and not exact and before is not None:
+                    warm = _through_phase2(c, before, primal, deadline)  # Note [phase 3 through phase 2]
                 elif phase.number == 2 and not exact and carried is not None and carried[1] is not c:
                     warm = basis_of_point(primal, carried_point(carried[1], carried[0].x, c))  # [warm margins]
                 upper_jobs = _submit_upper(pool, primal, exact, phase.number, deadline, warm, handed)
             c_dual = c if exact else margins.compressed(margins.dual)
             cut = False  # Note [unneeded duals]
+            fresh = -INF  # this round's own safe bound
             if exact:
                 lower = None
             elif solve_d:
@@ -185,7 +202,7 @@ def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcom
                     dual_warm = handover.dual  # Note [goodput handover]
                 stop = Race()
                 dual_job = pool.submit(_lower_side, c_dual, phase, margins, deadline, dual_warm,
-                                       upper_jobs if solve_p else [], stop)
+                                       upper_jobs if solve_p else [], stop, None if before is None else before.phase)
                 if solve_p and best_lower > -INF:
                     wait([*upper_jobs, dual_job], return_when=FIRST_COMPLETED)
                     first = _best_upper(upper_jobs) if all(job.done() for job in upper_jobs) else None
@@ -214,7 +231,8 @@ def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcom
             )
             tightened = not exact and lower is tightened_dual  # that dual's bound is as tight as it gets
             for polish in (False, True):
-                if polish and upper is not polish_tried and tol < gap <= SANE_GAP * scale:  # GLOP's tolerance?
+                sane = SANE_GAP[phase.number - 1] * scale
+                if polish and upper is not polish_tried and tol < gap <= sane:  # GLOP's tolerance?
                     polish_tried = upper  # once per U, also in a round that grew only the dual
                     polished = solve_lp(primal, not exact, deadline, precise=True, duals=exact,
                                         basis=phase.number == 2)
@@ -224,13 +242,18 @@ def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcom
                         log.debug("phase %d: U polished %s -> %s", phase.number, upper.objective, polished.objective)
                         upper, claimed = polished, polished.objective if exact else claimed
                         gap = upper.objective - bound
-                if upper and not tightened and gap > tol and upper.objective - claimed <= SANE_GAP * scale:
+                if upper and not tightened and gap > tol and upper.objective - claimed <= sane:
                     tightened, tightened_dual = True, lower  # GLOP's own L is close, the safe one not
                     bound, spent = tighter_bound(c_dual, phase, primal, upper, lower, bound, margins, deadline)
                     iterations += spent
                     gap = upper.objective - bound
+            if phase.number == 3 and upper is not None and lower is not None and not exact and fresh >= bound \
+                    and gap < -NEG_GAP * scale:  # Note [explained negative gaps]
+                point = relaxed_bound(margins, c, c_dual, phase, upper.x, lower)
+                if point is not None and point[0] >= point[1] - NEG_GAP * scale:
+                    gap = 0.0  # the value is L (max(U, L)), U's point within float64's reach of the bounds
             if upper is not None and (best is None or upper.objective < best[0].objective):
-                best = (upper, c, primal)
+                best = (upper, c, primal, margin)
             best_lower = max(best_lower, bound)
             if not cut:  # (a cut dual's margin has no bound of its own to hand on)
                 rounds.append((margins.dual, bound, lower))
@@ -245,14 +268,17 @@ def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcom
             if solve_p:
                 moved_u = upper is None or prev_u is None or abs(upper.objective - prev_u) > tol
                 prev_u = None if upper is None else upper.objective
-            if solve_d:
+            if solve_d and not margins.caught_up:  # (a catch-up says nothing of growth: Note [catch-up rounds])
                 moved_l = bound == -INF or prev_l is None or abs(bound - prev_l) > tol
+            if solve_d:
                 prev_l = bound
             solve_p, solve_d = margins.advance(moved_u, moved_l)
             margin = margins.current
     if best is None:
         return None
-    upper, c, primal = best
+    upper, c, primal, kept = best
+    if certified and kept is not margins.current:
+        margins.keep(kept, c)  # the next phase starts where this one's point is (Note [kept compression])
     value = upper.objective
     gap = None if best_lower == -INF else max(0.0, value - best_lower)
     if certified:
@@ -267,6 +293,24 @@ def certified(phase: Phase, margins: Margins, deadline: Deadline, before: Outcom
     return Outcome(result, upper, c, phase, primal, handed)
 
 
+def _through_phase2(c: Compressed, before: Outcome, primal: SparseLP, deadline: Deadline):
+    """A job that finds phase 3's starting basis at compression `c`, where phase 2 (`before`) was not solved:
+    phase 2's point carried to `c` and solved warm there (Note [warm margins]), then extended as phase3_basis does
+    (Note [phase 3 through phase 2]). The job returns (the basis or None, the simplex iterations it took)."""
+    def job() -> tuple[tuple[np.ndarray, np.ndarray] | None, int]:
+        primal2 = tied_primal(c, before.phase)
+        start = basis_of_point(primal2, carried_point(before.c, before.upper.x, c))
+        if start is None:
+            return None, 0
+        limit = None if deadline.limit_s is None else deadline.remaining()
+        two = solve_warm(primal2, start, WARM_PARAMS, limit, final_basis=True)  # (the primal simplex: see the Note)
+        if two is None or two.basis is None:
+            return None, 0
+        return phase3_basis(c, primal2, primal, two.x, two.basis), two.iterations
+
+    return job
+
+
 def _best_upper(jobs: list[Future]) -> LPResult | None:
     """The smallest U the tied primal's finished `jobs` found (None when none found one)."""
     return min((r for r in (job.result() for job in jobs) if r is not None), default=None, key=lambda r: r.objective)
@@ -279,17 +323,25 @@ def _certifies(gap: float, scale: float, number: int) -> bool:
 
 
 def _lower_side(c: Compressed, phase: Phase, margins: Margins, deadline: Deadline, warm: LPResult | None,
-                upper_jobs: list[Future], stop: Race) -> tuple[LPResult | None, float, int]:
+                upper_jobs: list[Future], stop: Race,
+                before: Phase | None = None) -> tuple[LPResult | None, float, int]:
     """A phase's tied dual at `c`, solved and turned into its safe bound (lower.dual_bound), in a worker thread
     beside the tied primal's `upper_jobs`; `stop` ends its solve (Note [unneeded duals]). Phase 3's is raced by
     both simplexes, as its primal (Note [LP tolerance]), after a head start from `warm`, phase 2's tied dual at
-    the same margin (Note [warm phase 3]); phase 2's starts from `warm`, the goodput certificate's, where given
-    (Note [goodput handover]). Returns the dual (None when stopped), its bound and its iterations."""
+    the same margin (Note [warm phase 3]), or without it from `before` (phase 2's Phase) solved here first (Note
+    [phase 3 through phase 2]); phase 2's starts from `warm`, the goodput certificate's, where given (Note
+    [goodput handover]). Returns the dual (None when stopped), its bound and its iterations."""
     dual_lp = tied_dual(c, phase)
+    spent, through = 0, False
+    if phase.number == 3 and warm is None and before is not None:  # Note [phase 3 through phase 2]
+        through = True
+        warm = solve_lp(tied_dual(c, before), True, deadline, basis=True, race=stop)
+        spent = 0 if warm is None else warm.iterations
+        warm = None if warm is None or warm.basis is None else warm
     if phase.number == 3:
         basis = None if warm is None else phase3_dual_basis(warm.basis, dual_lp)
-        head_start = 0.0 if basis is None else max(1.0, 0.5 * warm.wall_s)
-        lower = race(dual_lp, False, deadline, basis, head_start, basis=True, within=stop)
+        head_start = 0.0 if basis is None else max(1.0, warm.wall_s)
+        lower = race(dual_lp, False, deadline, basis, head_start, basis=True, within=stop, keep_warm=through)
     else:
         lower = None
         basis = None if warm is None else phase2_dual_basis(warm.basis, dual_lp)
@@ -299,7 +351,7 @@ def _lower_side(c: Compressed, phase: Phase, margins: Margins, deadline: Deadlin
         if lower is None and not stop.over:  # (a basis GLOP cannot use: from scratch)
             lower = solve_lp(dual_lp, True, deadline, basis=True, race=stop)
     if stop.over:
-        return None, -INF, 0 if lower is None else lower.iterations
+        return None, -INF, spent + (0 if lower is None else lower.iterations)
     running = not all(job.done() for job in upper_jobs)
     lower, bound = dual_bound(c, phase, dual_lp, lower, margins, running)
-    return lower, bound, 0 if lower is None else lower.iterations
+    return lower, bound, spent + (0 if lower is None else lower.iterations)

@@ -93,3 +93,37 @@ def test_untied_primal_duals_certify_the_full_lp() -> None:
         bound = safe_lower_bound(c.g, phase, from_primal_duals(c, phase, primal, result.duals))
         assert bound <= opt + 1e-10 * max(1.0, abs(opt))
         assert bound == pytest.approx(opt, rel=1e-9, abs=1e-9)
+
+
+def test_a_phase_3_point_past_its_bounds_by_rounding_is_judged_on_the_relaxed_lp() -> None:
+    # lower.relaxed_bound (Note [explained negative gaps]): the exact value of phase 3's tied primal point and the
+    # dual's safe bound on the LP relaxed to what the point's plan reaches: never above the bound on the LP itself,
+    # lower where the plan is past T by rounding (1e-13 of T here, by lowering t_ub under it), and no answer at all
+    # past POINT_TOL.
+    from dataclasses import replace
+
+    from tfplan.solve.fastlp.graph import Runs
+    from tfplan.solve.fastlp.lower import POINT_TOL, lower_bound, relaxed_bound
+    from tfplan.solve.fastlp.margins import Margins
+    from tfplan.step.simulate import simulate
+
+    dag = dag_mod.build(schedules.generate("1f1b", 4, 32), _random_profile(4, seed=4, p2p_ms=1.0))
+    phase, c, opt = _phase_lps(dag, 0.9, 4)[2]
+    margins = Margins(dag, c.g, Runs.detect(c.g), 2, None, simulate(dag).start_ms)
+    upper, lower = solve_glop(tied_primal(c, phase), lp.GLOP_PARAMS), solve_glop(tied_dual(c, phase))
+    own = lower_bound(c, phase, None, None, lower, margins.chain_windows())
+    value, bound = relaxed_bound(margins, c, c, phase, upper.x, lower)
+    assert value == pytest.approx(upper.objective, rel=1e-9, abs=1e-9) and value >= opt - 1e-7
+    assert bound <= own  # (GLOP's point may already be past a bound by its tolerance)
+    makespan = simulate(margins.dag, (c.g.d_max - c.g.delta * _ratios(c, upper.x)).tolist()).makespan_ms
+    tight = replace(phase, t_ub=makespan * (1 - 1e-13), t_max=makespan * (1 - 1e-13))
+    _, relaxed = relaxed_bound(margins, c, c, tight, upper.x, lower)
+    assert relaxed <= lower_bound(c, tight, None, None, lower, margins.chain_windows())
+    past = replace(phase, t_ub=makespan * (1 - 10 * POINT_TOL), t_max=makespan * (1 - 10 * POINT_TOL))
+    assert relaxed_bound(margins, c, c, past, upper.x, lower) is None
+
+
+def _ratios(c, x):
+    from tfplan.solve.fastlp.tied import expand_ratios
+
+    return expand_ratios(c, x)

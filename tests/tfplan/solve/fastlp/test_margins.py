@@ -128,3 +128,24 @@ def test_the_dual_margin_always_ties_something() -> None:
             if margins.grow_dual(cap=primal):
                 assert np.all(margins.dual[0] >= ahead[0]) and np.all(margins.dual[1] >= ahead[1])
     assert fell_back  # the case this guards against occurs here
+
+
+def test_a_dual_a_few_periods_behind_is_not_caught_up_alone() -> None:
+    # Note [catch-up rounds]: a dual behind the primal's margin by at least CATCH_UP_SHARE of its periods grows
+    # alone, capped at the primal's (caught_up: its value then says nothing of growth); one behind by fewer
+    # follows Note [two margins] at once (both grow when neither side has moved yet).
+    from tfplan.solve.fastlp.margins import CATCH_UP_SHARE
+
+    dag = dag_mod.build(schedules.generate("1f1b", 8, 96), _random_profile(8, seed=2))
+    g = GraphArrays.from_dag(dag)
+    runs = Runs.detect(g)
+    k = runs.num_runs
+    for behind, caught in ((int(CATCH_UP_SHARE * 2 * 3 * k) + 1, True), (1, False)):
+        margins = Margins(dag, g, runs, 3, None, simulate(dag).start_ms)
+        margins.start(1)
+        primal = margins.current
+        margins.dual = (primal[0].copy(), primal[1].copy())
+        margins.dual[0][:behind] -= 1  # the dual behind by `behind` periods
+        margins._catch_up = True
+        assert margins.advance(True, True) == ((False, True) if caught else (True, True))
+        assert margins.caught_up == caught

@@ -11,6 +11,7 @@ from tests.tfplan.solve.fastlp.instances import (
     PHASE2_REL,
     PHASE3_REL,
     _assert_agrees,
+    _phase_lps,
     _random_profile,
 )
 from tfplan.schedule import schedules
@@ -65,7 +66,7 @@ def test_an_unneeded_dual_is_stopped_and_the_earlier_bound_certifies(monkeypatch
         duals.setdefault(f"handed by {phase.number}", int(sum(m.sum() for m in margins.dual)))
         return out
 
-    def slow(c, phase, margins, deadline, warm, jobs, stop):
+    def slow(c, phase, margins, deadline, warm, jobs, stop, before=None):
         calls.append(phase.number)
         periods = int(sum(m.sum() for m in margins.dual))  # the round's dual margin
         duals.setdefault(f"round {calls.count(phase.number)} of {phase.number}", periods)
@@ -75,7 +76,7 @@ def test_an_unneeded_dual_is_stopped_and_the_earlier_bound_certifies(monkeypatch
                     break
                 time_mod.sleep(0.01)
             stopped.append(stop.over)
-        return real(c, phase, margins, deadline, warm, jobs, stop)
+        return real(c, phase, margins, deadline, warm, jobs, stop, before)
 
     monkeypatch.setattr(rounds, "_lower_side", slow)
     monkeypatch.setattr(rounds, "certified", record)
@@ -127,3 +128,64 @@ def test_phase_2s_margins_start_from_the_last_margins_point(monkeypatch) -> None
     cold = fastlp.solve(dag, 0.9, margin=1)
     assert cold.status == "OPTIMAL"
     assert [p.objective for p in warm.phases[:2]] == pytest.approx([p.objective for p in cold.phases[:2]], rel=1e-9)
+
+
+def test_phase_3s_grown_margin_goes_through_phase_2(monkeypatch) -> None:
+    # Note [phase 3 through phase 2]: on this instance phase 3 needs a margin phase 2 was not solved at. Its tied
+    # primal starts from phase 2's point carried there and solved by the primal simplex (WARM_PARAMS), then from
+    # that basis; its tied dual from phase 2's tied dual solved there, the warm dual simplex raced (keep_warm)
+    # against the primal simplex from scratch. Same certified optima as phase 3's cold races there.
+    dag = dag_mod.build(schedules.generate("1f1b", 6, 64), _random_profile(6, seed=4, p2p_ms=1.0))
+    real_through, real_race, through, raced = rounds._through_phase2, rounds.race, [], []
+
+    def spy_through(*args):
+        job = real_through(*args)
+
+        def spied():
+            basis, spent = job()
+            through.append((basis is not None, spent))
+            return basis, spent
+
+        return spied
+
+    monkeypatch.setattr(rounds, "_through_phase2", spy_through)
+    monkeypatch.setattr(rounds, "race", lambda *a, **k: raced.append(k.get("keep_warm")) or real_race(*a, **k))
+    warm = _assert_agrees(dag, 0.9)
+    assert len(through) == 1 and through[0][0] and through[0][1] > 0  # a basis, from phase 2's solve there
+    assert raced == [False, True]  # round 1 from phase 2's handed dual as before; round 2 kept warm
+    real_lower = rounds._lower_side
+    monkeypatch.setattr(rounds, "_through_phase2", lambda *args: lambda: (None, 0))  # phase 3 cold there
+    monkeypatch.setattr(rounds, "_lower_side", lambda *args: real_lower(*args[:7]))  # (its dual without phase 2)
+    cold = fastlp.solve(dag, 0.9)
+    assert cold.status == "OPTIMAL"
+    assert [p.objective for p in warm.phases] == pytest.approx([p.objective for p in cold.phases], rel=PHASE3_REL)
+
+
+def test_a_kept_warm_dual_races_the_primal_simplex_after_its_head_start(monkeypatch) -> None:
+    # glop.race with keep_warm: the warm dual simplex is not stopped after its head start; the primal simplex from
+    # scratch joins it, and the first result stops the other.
+    import time as time_mod
+
+    from tfplan.solve.fastlp.dual import tied_dual
+    from tfplan.solve.lp import Deadline
+
+    dag = dag_mod.build(schedules.generate("1f1b", 4, 32), _random_profile(4, seed=6))
+    phase, c, opt = _phase_lps(dag, 0.9, 4)[2]
+    lp_ = tied_dual(c, phase)
+    basis = glop.solve_glop(lp_, basis=True).basis
+    real, stopped = glop.solve_warm, []
+
+    def stall(primal, basis, params, limit=None, **kwargs):  # a warm start slower than the cold one
+        race = kwargs["race"]
+        while not race.over:
+            time_mod.sleep(0.01)
+        stopped.append(True)
+        return None
+
+    monkeypatch.setattr(glop, "solve_warm", stall)
+    got = glop.race(lp_, False, Deadline(limit_s=None), basis, head_start_s=0.05, basis=True, keep_warm=True)
+    assert got is not None and got.dual_simplex is False and stopped == [True]
+    assert got.objective == pytest.approx(opt, rel=1e-6, abs=1e-7)
+    monkeypatch.setattr(glop, "solve_warm", real)
+    got = glop.race(lp_, False, Deadline(limit_s=None), basis, head_start_s=30.0, basis=True, keep_warm=True)
+    assert got is not None and got.dual_simplex is True  # within its head start: the warm one, alone
