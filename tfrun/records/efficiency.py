@@ -20,8 +20,8 @@ draw of which micro-batches freeze), the eval set is large enough.
 
 Note [trajectory floor]: a run's losses are exact for its seed, but any change to what it computes moves it onto
 another trajectory: from scratch at 8,192 tokens a step, a control that freezes 5% of one stage's micro-batches
-(too little to cost learning by any model) ended 100 steps 0.04-0.09 nats above the unfrozen run, an efficiency
-of about 0.9 against it (docs/results.md, fourth edition). One unfrozen run is one draw of the unfrozen
+(too little to cost learning by any model) ended 100 steps 0.03-0.09 nats above the unfrozen run, an efficiency
+of 0.90-0.97 against it (docs/results.md, fourth edition). One unfrozen run is one draw of the unfrozen
 trajectory, not its typical curve, and a run's efficiency against it carries that draw's luck. So a price is
 measured against several unfrozen-equivalent runs (the unfrozen one and such controls: their pointwise median
 curve, benchmarks/calibration_report.py), and the controls' own scatter around it is the floor below which a
