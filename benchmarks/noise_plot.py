@@ -6,12 +6,20 @@ scale, with the step batch as a horizontal line (above it, freezing costs almost
 almost nothing: docs/cost-model.md, "Goodput").
 
 With --freeze (a run that froze, e.g. the online goodput mode), each panel also draws the run's realised freeze
-ratio per stage (right axis, the mean over each --window steps), and a table gives, per window, the mean ratio
-and the median noise scale per stage, with their rank correlation (Spearman) per stage: issue 38 asks whether the
-online goodput mode freezes less as the measured noise scale rises. It also says how often the run re-planned,
-and how often its noise reason could fire on the estimator's own scatter: the share of pairs of measured steps
-`--horizon` steps apart (a re-plan check's spacing) whose estimates differ by more than the re-plan threshold
-(tfrun.freeze.online.NOISE_REPLAN) on some stage, and the median change between consecutive estimates.
+ratio per stage (right axis, the mean over each --window steps) and, from its plan events, the planned ratio per
+stage as a step line, each re-plan as a vertical line (blue: the learning model's inputs moved; grey: an action time
+drifted; green: a bounded move continued; black: the first or seed plan) and each check that kept its plan as a
+tick at the top; the noise scales each plan was solved with are drawn as points with their +-1 standard error bars
+(tfrun.freeze.controller Note [learning gate]); a second panel beside it draws each window's realised ratio per
+stage against its median noise scale over the step batch (log scale, a line where they are equal), the windows
+with a re-plan ringed in its colour. A table gives, per window, the mean ratio and the median noise scale
+per stage, with their rank correlation (Spearman) per stage: issue 38 asks whether the online goodput mode freezes
+less as the measured noise scale rises. It also explains every re-plan (issue 46): which input moved, by how many
+standard errors, and the predicted goodput before and after; counts the re-plans by cause and the learning re-plans
+whose move was not beyond two standard errors (the gate's default: there should be none); and says how often a
+25% rule (tfrun.freeze.controller.NOISE_REPLAN) would fire on the estimator's own scatter: the share of pairs of
+measured steps `--horizon` steps apart (a check's spacing) whose estimates differ by more than that on some stage,
+and the median change between consecutive estimates.
 
     python benchmarks/noise_plot.py runs/study/finetune/seed0/none runs/study/scratch/seed0/none -o noise.png
     python benchmarks/noise_plot.py runs/study/crossing/seed0/timely-goodput --freeze -o crossing.png
@@ -67,20 +75,31 @@ def freeze_windows(folder: Path, rows: list[dict], width: int) -> list[tuple[int
 
 
 def replan_report(rows: list[dict], steps: list[int], scales: list[list[float | None]], horizon: int) -> str:
-    """The run's plan events (all, and those with a noise reason), and per stage how far its noise estimates
-    (`steps`, `scales`: trajectory's) move on their own: the median |log ratio| of consecutive estimates, and the
-    share of pairs `horizon` steps apart (from step `horizon` on, past the early fall) that differ by more than
-    NOISE_REPLAN."""
-    from tfrun.freeze.online import NOISE_REPLAN
+    """The run's plan and check events, each explained (Note [goodput controller]), counted by cause, and per stage
+    how far its noise estimates (`steps`, `scales`: trajectory's) move on their own: the median |log ratio| of
+    consecutive estimates, and the share of pairs `horizon` steps apart (from step `horizon` on, past the early
+    fall) that differ by more than NOISE_REPLAN."""
+    from tfrun.config.train_config import GATE_Z
+    from tfrun.freeze.controller import NOISE_REPLAN
 
     plans = [r for r in rows if r.get("event") == "plan"]
-    by_noise = sum("noise: stage" in (r.get("reason") or "") for r in plans)  # (not a seeded run's first estimates)
+    checks = [r for r in rows if r.get("event") == "check"]
+    kinds = [replan_kind(r) for r in plans]
+    learning = [m for r in plans + checks for m in r.get("moves", []) if m.get("input") != "time"]
+    ungated = sum(1 for m in learning if m.get("z") is None or m["z"] <= GATE_Z)
+    lines = [f"  {len(plans)} plans: " + ", ".join(f"{kinds.count(k)} {k}" for k in KINDS if kinds.count(k))
+             + f"; {len(checks)} checks kept their plan (hysteresis); {len(learning)} input moves behind them, "
+             f"{ungated} of them within {GATE_Z:g} standard errors or unresolved"]
+    for r in plans + checks:
+        moved = "; ".join(_move_text(m) for m in r.get("moves", []))
+        value = ""
+        if "goodput_before" in r:
+            value = (f"; goodput {r['goodput_before']:.4f} -> {r['goodput_after']:.4f} (optimum "
+                     f"{r['goodput_target']:.4f}{', bounded' if r.get('bounded') else ''})")
+        ratio = " ".join(f"{x:.2f}" for x in r.get("mean_freeze_ratio", []))
+        lines.append(f"  step {r['step']:4d} {r['event']:5s} {r['reason']}" + (f" [{moved}]" if moved else "")
+                     + value + (f"; ratios {ratio}" if ratio else f"; {r.get('decision', '')}"))
     noise = dict(zip(steps, scales))
-    lines = [f"  {len(plans)} plans, {by_noise} of them for a noise reason (threshold x{1 + NOISE_REPLAN:.2f})"]
-    gated = [(r["step"], r["noise_log_se"]) for r in plans if r.get("noise_log_se")]
-    if gated:  # --noise-replan-z: the standard errors of the log noise scale each plan was solved with
-        lines.append("  log noise scale's standard error at each plan (step: per stage): " + "; ".join(
-            f"{t}: " + ", ".join("-" if v is None else f"{v:.2f}" for v in se) for t, se in gated))
     for s in range(len(scales[0])):
         series = [(t, v[s]) for t, v in sorted(noise.items()) if t >= horizon and v[s]]
         steps = dict(series)
@@ -91,8 +110,77 @@ def replan_report(rows: list[dict], steps: list[int], scales: list[list[float | 
             continue
         typical = math.exp(statistics.median(logs))
         lines.append(f"  stage {s}: {len(series)} estimates; consecutive ones differ by x{typical:.2f} (median); "
-                     f"{sum(apart)}/{len(apart)} pairs {horizon} steps apart differ by more than the threshold")
+                     f"{sum(apart)}/{len(apart)} pairs {horizon} steps apart differ by more than "
+                     f"{NOISE_REPLAN:.0%}")
     return "\n".join(lines)
+
+
+KINDS = ("first", "learning", "drift", "continuing")
+"""Plan events by cause (replan_kind), in the order the report counts them."""
+
+
+def replan_kind(event: dict) -> str:
+    """first (the first or seed plan), learning (an input of the learning model moved: a noise or share reason),
+    drift (an action time only) or continuing (a bounded move's next step)."""
+    reason = event.get("reason") or ""
+    if reason in ("first plan", "seed plan"):
+        return "first"
+    if reason.startswith("continuing"):
+        return "continuing"
+    return "learning" if "noise:" in reason or "share:" in reason else "drift"
+
+
+def _move_text(move: dict) -> str:
+    if move.get("input") == "time":
+        return f"time {move['key']} x{move['ratio']:.2f}"
+    z = f", {move['z']:.1f} SE" if move.get("z") is not None else ""
+    return f"stage {move['stage']} {move['input']} {move['from']:,.4g} -> {move['to']:,.4g}{z}"
+
+
+def draw_plans(ax, right, rows: list[dict]) -> None:
+    """The planned ratio per stage (step lines, right axis), each plan event as a vertical line by cause, each
+    kept check as a tick at the top, and the noise scales each plan was solved with, +-1 standard error (left)."""
+    plans = [r for r in rows if r.get("event") == "plan"]
+    if not plans:
+        return
+    last = max(r["step"] for r in rows if "event" not in r)
+    colors = {"first": "black", "learning": "tab:blue", "drift": "grey", "continuing": "tab:green"}
+    for r in plans:
+        ax.axvline(r["step"], color=colors[replan_kind(r)], lw=0.8, alpha=0.6)
+        for s, (n, se) in enumerate(zip(r.get("noise_scale_tokens", []), r.get("noise_log_se", []))):
+            if n and se is not None:
+                ax.errorbar([r["step"]], [n], yerr=[[n - n * math.exp(-se)], [n * math.exp(se) - n]], fmt="o",
+                            ms=3, color=f"C{s}", capsize=2)
+    for r in (r for r in rows if r.get("event") == "check"):
+        ax.plot([r["step"]], [1.0], marker="|", ms=10, color="tab:blue", transform=ax.get_xaxis_transform())
+    for s, style in zip(range(len(plans[0]["mean_freeze_ratio"])), ("-", "--", ":", "-.")):
+        right.step([r["step"] for r in plans] + [last], [r["mean_freeze_ratio"][s] for r in plans]
+                   + [plans[-1]["mean_freeze_ratio"][s]], style, where="post", color="tab:purple", alpha=0.8,
+                   label=f"planned ratio, stage {s}")
+
+
+def draw_ratio_against_noise(ax, windows: list[tuple[int, list[float], list[float | None]]], tokens: int,
+                             rows: list[dict]) -> None:
+    """Per stage, each window's realised ratio against its median noise scale over the step batch (log x; issue 46
+    asks the ratio to fall as the noise scale rises past the batch), in window order; a window in which a plan was
+    put in force after the first is ringed in its cause's colour (draw_plans')."""
+    colors = {"first": "black", "learning": "tab:blue", "drift": "grey", "continuing": "tab:green"}
+    replans = [(r["step"], replan_kind(r)) for r in rows if r.get("event") == "plan"][1:]
+    width = windows[1][0] - windows[0][0] if len(windows) > 1 else 1
+    for s, style in zip(range(len(windows[0][1])), ("-", "--", ":", "-.")):
+        points = [(w[2][s] / tokens, w[1][s], w[0]) for w in windows if w[2][s]]
+        ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", ms=3, color=f"C{s}",
+                label=f"stage {s}")
+        for x, y, start in points:
+            for kind in {k for step, k in replans if start <= step < start + width}:
+                ax.plot([x], [y], "o", ms=9, mfc="none", color=colors[kind])
+    ax.axvline(1.0, color="black", lw=0.8, label="noise scale = step batch")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("median noise scale / step batch (per window)")
+    ax.set_ylabel("realised freeze ratio")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -132,14 +220,16 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = min(2, len(args.folders))
-    rows = -(-len(args.folders) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.8 * rows), squeeze=False)
-    for ax, folder in zip(axes.flat, args.folders):
+    # --freeze: a row per folder, over the steps and the ratio against the noise scale; else two folders a row
+    cols = 2 if args.freeze else min(2, len(args.folders))
+    grid = len(args.folders) if args.freeze else -(-len(args.folders) // cols)
+    fig, axes = plt.subplots(grid, cols, figsize=(6 * cols, 3.8 * grid), squeeze=False)
+    panels = [(row[0], row[1]) for row in axes] if args.freeze else [(ax, None) for ax in axes.flat]
+    for (ax, against), folder in zip(panels, args.folders):
         rows = metrics(folder)
         steps, scales, tokens = trajectory(folder, rows)
-        for s, style in zip(range(len(scales[0])), ("-", "--", ":", "-.")):
-            ax.plot(steps, [row[s] for row in scales], style, label=f"stage {s}")
+        for s, style in zip(range(len(scales[0])), ("-", "--", ":", "-.")):  # (a stage left out: a gap)
+            ax.plot(steps, [math.nan if row[s] is None else row[s] for row in scales], style, label=f"stage {s}")
         ax.axhline(tokens, color="black", lw=0.8, label=f"step batch ({tokens:,} tokens)")
         ax.set_yscale("log")
         ax.set_xlabel("step")
@@ -153,6 +243,8 @@ def main() -> None:
             for s, style in zip(range(len(windows[0][1])), ("-", "--", ":", "-.")):
                 right.step([w[0] for w in windows], [w[1][s] for w in windows], style, where="post", color="tab:red",
                            alpha=0.7, label=f"freeze ratio, stage {s}")
+            draw_plans(ax, right, rows)
+            draw_ratio_against_noise(against, windows, tokens, rows)
             right.set_ylim(0, 1)
             right.set_ylabel(f"realised freeze ratio (mean over {args.window} steps)")
             right.legend(fontsize=8, loc="lower right")
@@ -168,7 +260,7 @@ def main() -> None:
                       + ("- (the ratio never changes)" if math.isnan(rho) else f"{rho:+.2f}")
                       + f" over {len(pairs)} windows")
             print(replan_report(rows, steps, scales, args.horizon))
-        print(f"{folder}: " + "; ".join(f"step {st}: " + ", ".join(f"{x:,.0f}" for x in row)
+        print(f"{folder}: " + "; ".join(f"step {st}: " + ", ".join("-" if x is None else f"{x:,.0f}" for x in row)
                                         for st, row in list(zip(steps, scales))[:: max(1, len(steps) // 6)]))
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

@@ -87,6 +87,11 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
         **options,
     )
     config.check()
+    if freeze == "timely" and config.objective == "goodput" and (config.monitor_steps < 2 or config.probe_steps < 1) \
+            and not (plan.goodput is not None and plan.goodput.objective == "goodput"):
+        raise TfrunError(f"--freeze timely --objective goodput measures its own profile and noise unless the --plan is "
+                         f"solved for goodput ({plan_path} is solved for makespan: tfrun.freeze.phases "
+                         f"Note [goodput start]): it needs --monitor-steps >= 2 and --probe-steps >= 1")
     note = provenance.check_plan_profile(str(plan_path), plan.profile_source, config, config.force)
     return _checked(dataclasses.replace(config, prediction_note=note), token_cache_dir)
 

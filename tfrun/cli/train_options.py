@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from tfplan.cost.goodput import DEFAULT_LEARNING_MODEL, LEARNING_MODELS
-from tfrun.config.train_config import APF_STABLE_SHARE, DEFAULT_NOISE_ESTIMATOR, DEFAULT_NOISE_MEASURE, NOISE_EVERY
+from tfrun.config.train_config import (
+    APF_STABLE_SHARE,
+    DEFAULT_NOISE_ESTIMATOR,
+    DEFAULT_NOISE_MEASURE,
+    GATE_Z,
+    GOODPUT_NOISE_EVERY,
+    NOISE_EVERY,
+)
 from tfrun.errors import TfrunError
 
 MODEL, RECIPE, PIPELINE, ONLINE, BASELINES, RUN = (
@@ -119,8 +126,9 @@ OPTIONS: tuple[Option, ...] = (
     O(name="freeze_seed", type=int | None, default=None, panel=PIPELINE, help="Another draw of which micro-batches "
       "and tensors freeze, with --seed's data and weights (default: --seed)."),
     O(name="ramp_steps", type=int | None, default=None, panel=PIPELINE,
-      help="Ramp ratios from 0 over K steps (default 0; timely 15).",
-      convert=lambda value, v: value if value is not None else (15 if v["freeze"] == "timely" else 0)),
+      help="Ramp ratios from 0 over K steps (default 0; timely 15, timely --objective goodput 0).",
+      convert=lambda value, v: value if value is not None else (15 if v["freeze"] == "timely"
+                                                                and v["objective"] != "goodput" else 0)),
     O(name="redraw_every", type=int, default=10, panel=PIPELINE, help="Window of K steps: frozen sets are re-drawn "
       "per window, and each stage's realised mean ratio over a window is at most the plan's."),
     O(name="max_stale_steps", type=int, default=0, panel=PIPELINE,
@@ -156,10 +164,17 @@ OPTIONS: tuple[Option, ...] = (
     O(name="replan_threshold", type=float, default=0.10, panel=ONLINE, help="timely: re-plan when an action kind's "
       "time drifts by more than this share."),
     O(name="replan_window", type=int, default=20, panel=ONLINE, help="timely: steps per drift check."),
-    O(name="noise_replan_z", type=float, default=0.0, panel=ONLINE, help="timely, goodput: re-plan on a noise-scale "
-      "move only beyond this many standard errors of the estimates (0: off)."),
-    O(name="noise_every", type=int, default=NOISE_EVERY, panel=ONLINE, help="Measure each stage's gradient noise "
-      "scale every K steps (0: off); summary.json and metrics.jsonl report it."),
+    O(name="noise_replan_z", type=float | None, default=None, panel=ONLINE, help="timely, goodput: re-plan on a move "
+      "of the learning model's inputs only beyond this many standard errors of the estimates (default "
+      f"{GATE_Z:g}; 0: off, a 25% move of a noise scale re-plans; with --noise-estimator ema, 0).",
+      convert=lambda value, v: value if value is not None else (
+          GATE_Z if v["freeze"] == "timely" and v["objective"] == "goodput" and v["noise_estimator"] != "ema"
+          else 0.0)),
+    O(name="noise_every", type=int | None, default=None, panel=ONLINE, help="Measure each stage's gradient noise "
+      f"scale every K steps (0: off; default {NOISE_EVERY}, timely --objective goodput {GOODPUT_NOISE_EVERY}); "
+      "summary.json and metrics.jsonl report it.",
+      convert=lambda value, v: value if value is not None else (
+          GOODPUT_NOISE_EVERY if v["freeze"] == "timely" and v["objective"] == "goodput" else NOISE_EVERY)),
     O(name="noise_estimator", type=str, default=DEFAULT_NOISE_ESTIMATOR, panel=ONLINE, help="How measured steps "
       "combine into each stage's noise scale: winsor (default: robust to one outlier step), median, or ema (the "
       "published moving averages)."),

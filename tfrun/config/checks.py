@@ -81,10 +81,10 @@ def check(config: TrainConfig) -> None:
             raise TfrunError(f"--noise-replan-z must be a finite number >= 0, got {config.noise_replan_z:g}")
         if config.noise_replan_z > 0 and (config.objective != "goodput" or config.noise_estimator == "ema"
                                         or config.noise_window_steps() < MIN_JACKKNIFE):
-            raise TfrunError(f"--noise-replan-z gates noise re-plans: it needs --objective goodput and "
+            raise TfrunError(f"--noise-replan-z gates re-plans on learning: it needs --objective goodput and "
                              f"--noise-estimator median or winsor over a window of at least {MIN_JACKKNIFE} "
                              f"measured steps, got --objective {config.objective}, {config.noise_estimator}, "
-                             f"window {config.noise_window_steps()}")
+                             f"window {config.noise_window_steps()} (--noise-replan-z 0: no gate)")
         if len(config.max_freeze_ratio) not in (1, config.num_stages) or not all(
                 0 <= c <= 1 for c in config.max_freeze_ratio):
             raise TfrunError(f"--max-freeze-ratio: one cap or one per stage ({config.num_stages}), each in [0, 1]")

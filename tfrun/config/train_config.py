@@ -38,6 +38,13 @@ DEFAULT_NOISE_WINDOW = 8
 MIN_JACKKNIFE = 3
 """Measured steps in a window below which a stage's noise spread is not estimated (--noise-replan-z needs a
 window this long: tfrun.freeze.noise_estimators Note [noise gate])."""
+GOODPUT_NOISE_EVERY = 10
+"""--noise-every's default under --freeze timely --objective goodput: its measured steps also leave a block of whole
+micro-batches unfrozen, and both costs stay under 3% of the run (tfrun.freeze.controller Note [unfrozen
+measurement])."""
+GATE_Z = 2.0
+"""--noise-replan-z's default under --freeze timely --objective goodput (tfrun.freeze.controller Note [learning
+gate]): the learning model's inputs must move beyond two standard errors to re-plan."""
 APF_STABLE_SHARE = 0.5
 """Default share of a tensor's scalars that must be stable for APF to freeze it (tfrun.freeze.baselines Note [apf
 share]; measured in docs/results.md)."""
@@ -192,9 +199,10 @@ class TrainConfig:
     replan_window: int = 20
     """timely: steps per drift check in the stable phase."""
     noise_replan_z: float = 0.0
-    """timely --objective goodput: a stage's noise scale calls for a new plan only when its log moved by more
-    than this many standard errors of the plan's and the current estimate (jackknife over the window;
-    tfrun.freeze.noise_estimators Note [noise gate]); 0 = the relative rule alone (online.NOISE_REPLAN)."""
+    """timely --objective goodput: a learning input (a stage's noise scale or weight share) calls for a new plan
+    only when its log moved by more than this many standard errors of the reference's and the current estimate
+    (jackknife over the window; tfrun.freeze.controller Note [learning gate]); 0 = the relative rule on the noise
+    scales alone (controller.NOISE_REPLAN). The CLI's default under goodput is GATE_Z."""
     learning_model: str = DEFAULT_LEARNING_MODEL
     """timely --objective goodput: the learning model the in-run solves use (tfplan.cost.goodput Note [learning
     models])."""
@@ -318,5 +326,9 @@ class TrainConfig:
         return max(1, min(DEFAULT_NOISE_WINDOW, DEFAULT_NOISE_WINDOW if measured is None else measured))
 
     def _measured_steps(self) -> int | None:
-        """Steps the run measures the noise scale on (steps 0, K, 2K, ... below --steps); None with it off."""
-        return -(-self.steps // self.noise_every) if self.noise_every else None
+        """Steps the run measures the noise scale on (steps 0, K, 2K, ... below --steps, and under --freeze timely
+        --objective goodput every other monitor step, counted apart: at most a few too many); None with it off."""
+        if not self.noise_every:
+            return None
+        forced = -(-self.monitor_steps // 2) if self.freeze == "timely" and self.objective == "goodput" else 0
+        return -(-self.steps // self.noise_every) + forced

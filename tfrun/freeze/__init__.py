@@ -10,6 +10,8 @@ Read in this order:
   noise_reference.py   the noise scale by its definition at fixed weights, to check the above against
   baselines.py    APF and AutoFreeze, the methods people already use
   drift.py        the online mode's check that the plan's action times are still the run's (Note [drift])
+  controller.py   the online goodput mode's decisions: gate, hysteresis, bound (Note [goodput controller])
+  phases.py       the online mode's phases: which steps measure, which make the first profile (Note [goodput start])
   online.py       online TimelyFreeze: measure, probe, solve, freeze and re-plan inside the run
   replay.py       a recorded run's frozen sets, frozen again (`tfrun retime`)
 """

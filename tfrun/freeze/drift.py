@@ -36,11 +36,18 @@ class DriftMonitor:
         self.window, self.threshold = window, threshold
         self._shares: dict[int, dict[tuple[int, int], float]] = {}
         """Step -> (stage, micro-batch) -> the share it froze; the last two windows only."""
+        self._unjudged: set[int] = set()
+        """Steps of the last two windows whose times are left out (tfrun.freeze.controller Note [unfrozen
+        measurement]: a measured step's hooks and unfrozen block)."""
 
-    def record(self, step: int, shares: dict[tuple[int, int], float]) -> None:
-        """Remember what `step` froze on this rank; forget steps older than two windows (O(1) per step)."""
+    def record(self, step: int, shares: dict[tuple[int, int], float], judged: bool = True) -> None:
+        """Remember what `step` froze on this rank, and whether its times count; forget steps older than two
+        windows (O(1) per step)."""
         self._shares[step] = dict(shares)
         self._shares.pop(step - 2 * self.window, None)
+        self._unjudged.discard(step - 2 * self.window)
+        if not judged:
+            self._unjudged.add(step)
 
     def due(self, step: int, stable_start: int) -> bool:
         """Whether a check follows `step`: the end of each full window of the stable phase."""
@@ -51,7 +58,7 @@ class DriftMonitor:
         `drift(plan, rows)` (None on the other ranks)."""
         records, _ = timer.window(step - self.window + 1, step + 1)
         mine = []
-        for r in records:
+        for r in (r for r in records if r.step not in self._unjudged):
             a = parse_action(r.action)
             share = self._shares.get(r.step, {}).get((a.stage, a.mb), 0.0) if a.kind in FREEZABLE else 0.0
             mine.append((r.action, r.end_ms - r.start_ms, share))

@@ -90,7 +90,8 @@ class Freezer:
 
     A plan can change during training (`set_plan`, the online mode): windows and the ramp then count from the
     step the new plan starts ("epoch"). `set_probe` freezes whole micro-batches on every stage for measuring
-    (tfrun.freeze.online).
+    (tfrun.freeze.online); `set_measured` leaves whole micro-batches of one step unfrozen on every stage for the
+    noise scale (tfrun.freeze.controller Note [unfrozen measurement]).
     """
 
     def __init__(
@@ -131,6 +132,7 @@ class Freezer:
         self.noise, self.batch_tokens = noise, batch_tokens
         self._priority: dict[int, tuple[int, list[float] | None]] = {}  # goodput: stage -> (window, priorities)
         self._fixed: tuple[int, dict[int, Selection]] = (-1, {})  # a baseline's step -> stage -> Selection
+        self._measured: tuple[int, frozenset[int]] = (-1, frozenset())  # step, micro-batches left unfrozen
 
     def set_plan(self, ratios: Mapping[tuple[int, int], float], start_step: int, ramp_steps: int) -> None:
         """Apply new planned ratios from `start_step`, ramped over `ramp_steps`; ends a probe."""
@@ -146,6 +148,11 @@ class Freezer:
         (probe_microbatches) and nothing else, until the next set_plan."""
         assert 1 <= per_step <= self.num_microbatches
         self.probe = (start_step, per_step)
+
+    def set_measured(self, step: int, microbatches: frozenset[int]) -> None:
+        """At `step` only, freeze nothing in `microbatches` on any stage, whatever the plan says (the window plans,
+        their carries and the ramp are not touched: the cells simply do not spend their allowance)."""
+        self._measured = (step, frozenset(microbatches))
 
     def probe_microbatches(self, step: int) -> frozenset[int]:
         """The micro-batches frozen entirely at `step` of a probe: a block of `per_step` that moves by
@@ -166,6 +173,8 @@ class Freezer:
         if self.probe is not None and step >= self.probe[0]:
             everything = range(len(self.stage_candidates[stage])) if mb in self.probe_microbatches(step) else ()
             return self._selection(stage, set(everything))
+        if self._measured[0] == step and mb in self._measured[1]:
+            return self._selection(stage, set())
         if self.signal is not None and not self.hybrid:  # a baseline alone: its tensors in every micro-batch
             if self._fixed[0] != step:
                 self._fixed = (step, {})

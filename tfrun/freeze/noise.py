@@ -213,10 +213,10 @@ class NoiseMeter:
         """update_norms of every stage on every rank: one gather over the default group."""
         return {s: v for part in _from_every_rank(self.update_norms()) for s, v in part.items()}
 
-    def gathered_log_spread(self) -> dict[int, float]:
-        """Stage -> the jackknife standard error of its log noise scale (TensorNoise.log_spread; Note [noise
-        gate]), for every stage that has one, on every rank: one gather over the default group."""
-        local = {s: v for s, t in self.smoothed.items() if (v := t.log_spread()) is not None}
+    def gathered_jackknife(self) -> dict[int, tuple]:
+        """Stage -> TensorNoise.leave_one_out (its sums and their leave-one-out values over the window), for every
+        stage, on every rank: one gather over the default group (tfrun.freeze.controller Note [learning gate])."""
+        local = {s: t.leave_one_out(self.numel[s]) for s, t in self.smoothed.items()} if self.measured else {}
         return {s: v for part in _from_every_rank(local) for s, v in part.items()}
 
     def close(self) -> None:

@@ -118,6 +118,37 @@ class TensorNoise:
         mean = sum(logs) / len(logs)
         return math.sqrt((len(logs) - 1) / len(logs) * sum((x - mean) ** 2 for x in logs))
 
+    def leave_one_out(self, numel: torch.Tensor) -> tuple[tuple[float, float, float] | None,
+                                                          dict[int, tuple[float, float, float]]]:
+        """The jackknife's inputs for every quantity of the learning model (tfrun.freeze.controller Note [learning
+        gate]): the stage's (|G|^2, tr(Sigma), sum of sqrt(n |G|^2)) summed over its tensors with an estimate (n:
+        `numel`, each tensor's scalars; None when no tensor has one), and window slot -> the same sums with that
+        slot's measured step left out, for every slot that holds a step (none for `ema`, which has no window)."""
+        full = self._sums(*self.values(), numel)
+        if self.estimator == "ema":
+            return full, {}
+        out = {}
+        for k in range(self.window):
+            if not bool(torch.isfinite(self.history[k]).any()):
+                continue
+            held = self.history.clone()
+            held[k] = float("nan")
+            smoothed = self._smooth(held)
+            have = torch.isfinite(smoothed).all(dim=0)
+            sums = self._sums(smoothed[0], smoothed[1], have, numel)
+            if sums is not None:
+                out[k] = sums
+        return full, out
+
+    @staticmethod
+    def _sums(gsq: torch.Tensor, trace: torch.Tensor, have: torch.Tensor,
+              numel: torch.Tensor) -> tuple[float, float, float] | None:
+        if not bool(have.any()):
+            return None
+        gsq, trace = torch.where(have, gsq, 0.0), torch.where(have, trace, 0.0)
+        update = torch.sqrt(numel.to(gsq.device) * gsq.clamp(min=0.0)) * have
+        return float(gsq.sum()), float(trace.sum()), float(update.sum())
+
     def stage(self) -> tuple[float, float] | None:
         """The stage's (|G|^2, tr(Sigma)): sums over its tensors that have an estimate; None when none has."""
         gsq, trace, have = self.values()

@@ -84,3 +84,34 @@ def test_the_monitor_keeps_two_windows_of_shares_and_checks_at_each_windows_end(
     # the window is steps 8-11: 0B0, 0B2, 0B3 unfrozen at ~40 ms against 20 planned (12 samples), 0B1 two
     # unfrozen and two frozen samples (fewer than MIN_DRIFT_SAMPLES of each end: not judged)
     assert set(measured) == {"0B"} and measured["0B"] == pytest.approx(2.0, rel=0.25)
+
+
+def test_steps_marked_unjudged_are_left_out_of_the_check(tmp_path):
+    # tfrun.freeze.controller Note [unfrozen measurement]: a measured step's times (hooks, an unfrozen block) are
+    # not the plan's, so the goodput mode marks them; the drift of the others alone is judged
+    torch = torch_or_skip()
+    import torch.distributed as dist
+
+    from tfrun.freeze.drift import DriftMonitor
+    from tfrun.measure.timing import ActionTimer
+
+    p = _plan(forward_ms=10.0, backward_ms=20.0, backward_frozen_ms=10.0)
+    monitor, timer = DriftMonitor(window=4, threshold=0.1), ActionTimer(0, torch.device("cpu"))
+    timer.enabled = True
+    for step in range(8):
+        slow = step % 2 == 0  # every other step 3x slower, and unjudged
+        monitor.record(step, {}, judged=not slow)
+        timer.begin_step(step)
+        for m in range(4):
+            timer.time(f"0B{m}", time.sleep, 0.06 if slow else 0.02)
+        timer.end_step()
+    assert sorted(monitor._unjudged) == [0, 2, 4, 6]
+    monitor.record(8, {})
+    assert sorted(monitor._unjudged) == [2, 4, 6]  # forgotten with their shares, two windows on
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'pg'}")
+    try:
+        measured = monitor.measure(7, timer, p)
+    finally:
+        dist.destroy_process_group()
+    # steps 5 and 7 only: 8 samples of 0B at ~20 ms, as planned (with the slow steps it would read ~2x)
+    assert measured["0B"] == pytest.approx(1.0, rel=0.3)

@@ -314,3 +314,65 @@ def test_unplanned_actions_freeze_nothing_and_selection_is_replica_independent()
     assert _run(a, range(12)) == _run(b, range(12))
     assert all(a.selection(s, 1, 2).names == frozenset() for s in range(12))
     assert math.isclose(a.selection(0, 1, 0).share, 0.5)
+
+
+class _Estimates:
+    """Per-tensor (|G|^2, tr(Sigma)) for the goodput policy, fixed."""
+
+    def tensor_estimates(self, stage):
+        return {f"s{stage}p{i}": (1.0 + i, 10.0 * (i % 3 + 1)) for i in range(6)}
+
+
+def _digest(measured: dict[int, frozenset[int]] | None = None) -> str:
+    """sha256 over the selections of every policy, with and without the stale guard, through a re-plan and a probe."""
+    import hashlib
+    import json
+
+    cands = {s: [Candidate(name=f"s{s}p{i}", cost=float(1 + (i * 7 + s) % 5)) for i in range(6)] for s in (0, 1)}
+    ratios = {(s, j): [0.0, 0.3, 0.9, 0.5, 0.75, 0.2][(s + j) % 6] for s in (0, 1) for j in range(5)}
+    h = hashlib.sha256()
+    for policy in POLICIES:
+        for stale in (0, 2):
+            f = Freezer(cands, ratios, num_microbatches=5, seed=3, redraw_every=4, ramp_steps=3, policy=policy,
+                        max_stale_steps=stale, noise=_Estimates(), batch_tokens=640.0)
+            for step in range(23):
+                if step == 11:
+                    f.set_plan({k: min(1.0, v + 0.1) for k, v in ratios.items()}, 11, 2)
+                if step == 17:
+                    f.set_probe(17, 2)
+                if measured and step in measured:
+                    f.set_measured(step, measured[step])
+                counts = {}
+                for s in (0, 1):
+                    for j in range(5):
+                        sel = f.selection(step, s, j)
+                        h.update(json.dumps([policy, stale, step, s, j, sorted(sel.names), round(sel.share, 12)])
+                                 .encode())
+                        for n in sel.names:
+                            counts[(s, n)] = counts.get((s, n), 0) + 1
+                f.end_step(step, counts)
+    return h.hexdigest()
+
+
+def test_selections_without_a_measured_block_are_those_of_before_issue_46():
+    # Every freeze mode but timely --objective goodput runs the Freezer without set_measured: its selections must be
+    # bit for bit those the code made before the goodput controller (digest recorded from commit 5218a1a).
+    assert _digest() == "86d53481c83d3d00bc32b58ac1808bccdd48044007a2bbf6a9a33d71a72e0227"
+
+
+def test_a_measured_block_freezes_nothing_at_its_step_only():
+    stages = {s: _items([1, 2, 3, 4]) for s in (0, 1)}
+    f = Freezer(stages, {(s, j): 0.75 for s in (0, 1) for j in range(4)}, num_microbatches=4, seed=1)
+    plain = Freezer(stages, {(s, j): 0.75 for s in (0, 1) for j in range(4)}, num_microbatches=4, seed=1)
+    f.set_measured(5, frozenset({1, 2}))
+    for step in range(8):
+        for s in (0, 1):
+            for j in range(4):
+                got, want = f.selection(step, s, j), plain.selection(step, s, j)
+                assert got == (_selection_none() if step == 5 and j in (1, 2) else want)
+
+
+def _selection_none():
+    from tfrun.freeze.freezing import Selection
+
+    return Selection(names=frozenset(), share=0.0)

@@ -93,3 +93,15 @@ def test_log_spread_needs_a_window_of_three_steps_and_a_resolved_noise_scale() -
         noise.add(torch.tensor([gsq], dtype=torch.float64), torch.tensor([5.0], dtype=torch.float64),
                   torch.tensor([True]))
     assert noise.log_spread() == math.inf
+
+
+def test_leave_one_out_gives_the_stage_sums_with_each_step_left_out() -> None:
+    # tfrun.freeze.controller Note [learning gate]: the jackknife of every input of the learning model
+    noise = _fill("winsor", [1.0, 2.0, 3.0, 4.0])  # |G|^2 = (1, 2) every step, tr(Sigma) = (t, 2 t)
+    numel = torch.tensor([4.0, 9.0], dtype=torch.float64)
+    full, out = noise.leave_one_out(numel)
+    update = 2.0 * 1.0 + 3.0 * math.sqrt(2.0)  # sqrt(n |G|^2) summed over the tensors
+    assert full == pytest.approx((3.0, 3 * 2.5, update))
+    assert sorted(out) == [0, 1, 2, 3]
+    assert out[0] == pytest.approx((3.0, 3 * 3.0, update))  # without t = 1 the mean of t is 3
+    assert _fill("ema", STEADY).leave_one_out(numel)[1] == {}  # no window: no jackknife
