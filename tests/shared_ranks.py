@@ -27,7 +27,6 @@ import os
 import shutil
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 Command = tuple[list[str], dict[str, str]] | tuple[list[str], dict[str, str], list[tuple[Path, Path]]]
@@ -136,15 +135,8 @@ def _launcher(world: int, commands: list[Command], work: Path) -> None:
         saved_argv, saved_stdout = sys.argv, stdout["path"]
         sys.argv, stdout["path"] = list(argv), str(out)
         try:
-            with _fds(out, err):
-                try:
-                    apps[argv[0]](argv[1:], prog_name=argv[0])
-                    return 0
-                except SystemExit as exc:
-                    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                except BaseException:  # noqa: BLE001 - reported like a crashed launcher
-                    traceback.print_exc()
-                    return 1
+            with _fds(out, err):  # a crash is reported like a crashed launcher's
+                return launch.exit_code_of(lambda args: apps[argv[0]](args, prog_name=argv[0]), argv[1:])
         finally:
             sys.argv, stdout["path"] = saved_argv, saved_stdout
 
