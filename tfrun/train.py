@@ -129,7 +129,8 @@ def run(config: TrainConfig, fault_hook=None, stop: StopRequest | None = None) -
         losses: list = []
         dist.barrier()
         timer.enabled = step >= (config.timing_warmup_steps if online else max(config.ramp_steps,
-                                                                               config.timing_warmup_steps))
+                                                                               config.timing_warmup_steps)) \
+            and (config.time_noise_steps or not noise.measured_this_step)
         timer.begin_step(step)
         t0 = time.perf_counter()
         runtime.step(*((x.to(device),) if has_first else ()),

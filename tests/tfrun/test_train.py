@@ -370,7 +370,15 @@ def test_measured_profile_feeds_tfplan_solve(shared_runs):
 
     runs = sorted((root / "profile-runs").iterdir())
     assert len(runs) == 4 and all(_rows_lr(run) == {0.0} for run in runs)
-    end = torch.load(root / "profile-runs" / "primary-none" / "checkpoints" / "step0000003" / "rank0.pt",
+    # Note [hook-free timings]: the noise run measures the noise on its even steps (as many as the others' steps)
+    # and times only its odd ones, so no action time or step time carries the meter's hooks
+    rows = [json.loads(line) for line in (root / "profile-runs" / "primary-none" / "metrics.jsonl").read_text()
+            .splitlines() if "event" not in line]
+    assert [r["step"] for r in rows if "noise_scale_tokens" in r] == [0, 2, 4]
+    assert [r["step"] for r in rows if r["timed"]] == [3, 5]
+    timings = json.loads((root / "profile-runs" / "primary-none" / "timings.json").read_text())
+    assert timings["timed_steps"] == [3, 5]
+    end = torch.load(root / "profile-runs" / "primary-none" / "checkpoints" / "step0000006" / "rank0.pt",
                      weights_only=False)["models"]
     start = build_stage(MODELS["tiny"], 0, 2, 0).state_dict()
     assert set(next(iter(end.values()))) == set(start)

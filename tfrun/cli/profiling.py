@@ -15,10 +15,19 @@ solved against F, I and W measured under that schedule itself.
 With `repeat` > 1 the four runs are repeated and the most consistent set kept (smallest largest spread plus
 replay gap of its primary run); every candidate's score is recorded in the profile's source.
 
-The primary-none run also measures each stage's gradient noise scale at every step (tfrun.freeze.noise; it costs
-about a reduction over each gradient per micro-batch), which the profile's noise section records: at the
-model's initialisation, or at the weights of `init_from` (the noise scale grows as the loss falls, so profile
-a fine-tuning job from its checkpoint) on the run's data.
+The primary-none run also measures each stage's gradient noise scale (tfrun.freeze.noise), which the profile's
+noise section records: at the model's initialisation, or at the weights of `init_from` (the noise scale grows as
+the loss falls, so profile a fine-tuning job from its checkpoint) on the run's data.
+
+Note [hook-free timings]: a step that measures the noise scale runs the meter's hooks and per-sequence norms
+alongside the backward, which slows the backward by about a fifth and leaves the forward as it is (tiny model,
+1F1B, 2 ranks, 24-step runs alternating: B 48.8 / 56.7 ms measuring every step against 40.5 / 45.6 ms not, F
+21.1 / 25.6 against 21.3 / 23.9 ms; docs/benchmarks.md, "Prediction at the machine's speed"). The primary-none
+run measured the noise on every step, so until 2026-12-06 the profile's unfrozen backward kinds carried the
+hooks while its frozen ones (from the `all` runs, which measure nothing) did not: freezing looked ~20% more
+profitable than it is, and a run's backwards then read as x0.81-0.92 of the profile against forwards at x1.0.
+So primary-none runs twice the steps, measures the noise on the even ones (as many measured steps as before)
+and times only the odd ones (TrainConfig.time_noise_steps: their actions, spans and step times).
 
 Note [profile at fixed weights]: every measuring run steps its optimizer at learning rate 0 (TrainConfig
 fixed_weights): the optimizer's time is in the profile, and the weights stay at the initialisation or at
@@ -47,8 +56,8 @@ RUNS = (  # name, counterpart?, freeze
     ("counterpart-all", True, "all"),
 )
 DEFAULT_STEPS = 20
-"""Steps per measuring run (the first 2 untimed). Chosen by measurement: docs/benchmarks.md, "Profile
-stability"."""
+"""Steps per measuring run (the first 2 untimed; the noise run twice as many: Note [hook-free timings]).
+Chosen by measurement: docs/benchmarks.md, "Profile stability"."""
 
 
 def measure(
@@ -83,13 +92,14 @@ def measure(
         folder = root / f"repeat{k}" if repeat > 1 else root
         for name, use_counterpart, freeze in RUNS:
             sched = counterpart if use_counterpart else primary
+            noisy = name == "primary-none"  # Note [hook-free timings]
             config = TrainConfig(
                 order=[[str(a) for a in row] for row in sched.order], num_stages=sched.num_stages,
                 num_microbatches=num_microbatches, stage_to_rank=list(sched.stage_to_rank),
-                schedule_name=sched.name, freeze=freeze, model=model, steps=steps, seed=seed,
+                schedule_name=sched.name, freeze=freeze, model=model, steps=2 * steps if noisy else steps, seed=seed,
                 out_dir=str(folder / name), microbatch_size=microbatch_size, seq_len=seq_len, threads=threads,
                 eval_batches=1, quiet=True, timing_warmup_steps=2, dp=dp, init_from=init_from, data_path=data_path,
-                noise_every=1 if name == "primary-none" else 0, model_hash=models.model_hash(model),
+                noise_every=2 if noisy else 0, time_noise_steps=not noisy, model_hash=models.model_hash(model),
                 precision=precision, fixed_weights=True,
             )
             config.check()

@@ -182,6 +182,9 @@ class TrainConfig:
     """The optimizer steps at learning rate 0: its time is measured and the weights stay where they started, so
     that the noise scale is measured at those weights (tfrun profile's runs: tfrun.cli.profiling Note [profile at
     fixed weights]). Set by tfrun.cli.profiling."""
+    time_noise_steps: bool = True
+    """Time the steps that measure the noise scale; False leaves them out of the timings and the step time (tfrun
+    profile's noise run: tfrun.cli.profiling Note [hook-free timings]). Set by tfrun.cli.profiling."""
     threads: int = 1
     """Compute threads per rank (CPU)."""
     quiet: bool = False
