@@ -157,14 +157,21 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
 def _derive_other_backward_style(row: dict[str, float], measured: list[str]) -> None:
     """With no base profile, a run measures only its own schedule's backward kinds; the others are derived so
     the profile stays consistent (they do not enter a plan for this schedule): from a full backward,
-    I = frozen B and W = B - frozen B (frozen W = 0); from a split one, B = I + W and frozen B = I + frozen W."""
+    I = frozen B and W = B - frozen B (frozen W = 0); from a split one, B = I + W and frozen B = I + frozen W.
+    A field the run measured is never replaced: DualPipeV runs B and I / W both, and deriving its I and W from
+    its B (frozen B = 0 in an unfrozen run) had put I at 0 and all of B in W (stage 1: I 0.0 and W 20.3 ms where
+    the run measured 14.8 and 10.0)."""
+    derived: dict[str, float] = {}
     if "backward_ms" in measured:
-        row["backward_input_ms"] = row["backward_frozen_ms"]
-        row["backward_weight_ms"] = row["backward_ms"] - row["backward_frozen_ms"]
-        row["backward_weight_frozen_ms"] = 0.0
+        derived = {"backward_input_ms": row["backward_frozen_ms"],
+                   "backward_weight_ms": row["backward_ms"] - row["backward_frozen_ms"],
+                   "backward_weight_frozen_ms": 0.0}
     elif "backward_input_ms" in measured or "backward_weight_ms" in measured:
-        row["backward_ms"] = row["backward_input_ms"] + row["backward_weight_ms"]
-        row["backward_frozen_ms"] = row["backward_input_ms"] + row["backward_weight_frozen_ms"]
+        derived = {"backward_ms": row["backward_input_ms"] + row["backward_weight_ms"],
+                   "backward_frozen_ms": row["backward_input_ms"] + row["backward_weight_frozen_ms"]}
+    row.update({field: value for field, value in derived.items() if field not in measured})
+    for hi, lo in (("backward_ms", "backward_frozen_ms"), ("backward_weight_ms", "backward_weight_frozen_ms")):
+        row[lo] = min(row[lo], row[hi])
 
 
 def profile_quality(steps: int, spreads: dict[str, float], replay_gap: float | None) -> dict:
