@@ -18,10 +18,13 @@ last action) and summary.json (the measured step). The plan predicts every actio
   tails      the measured ranks' tails against the profile's;
   rest       whatever else (barriers, Python between steps) against the profile's step overhead.
 
-Note [speed per kind]: a run made on another day than its profile runs at another speed of the machine, and not
-at one speed: on interleaved zero-bubble the forwards once ran x1.19 their profiled time while the backwards ran
-at theirs, so a speed read from the forwards alone put the prediction 15% above the measured step
-(docs/benchmarks.md, "Prediction at the machine's speed"). The prediction at the run's speed therefore scales
+Note [speed per kind]: a run made on another day than its profile runs at another speed of the machine, and its
+kinds need not move alike: on interleaved zero-bubble the forwards once ran x1.19 their profiled time while the
+backwards ran at theirs, so a speed read from the forwards alone put the prediction 15% above the measured step
+(docs/benchmarks.md, "Prediction at the machine's speed"). Most of that was the profile's own error, found
+later: its unfrozen backwards carried the noise meter's hooks (tfrun.cli.profiling Note [hook-free timings]). What
+stays is a plan's partly frozen backwards, which run faster than the straight line between unfrozen and frozen
+says (a prefix on stage 0 falls below it). The prediction at the run's speed therefore scales
 each action kind (F, B, I, W) by its own factor, the measured over the predicted time summed over the kind's
 actions, and the ranks' tails by theirs, and replays the DAG with those times; the profile's step overhead
 stays as it is. What remains of the error is the schedule's: hand-overs, waits, the spread between steps.
