@@ -18,7 +18,7 @@ from tfrun.config.train_config import TrainConfig  # noqa: E402
 
 DERIVED = {"order", "num_stages", "num_microbatches", "stage_to_rank", "schedule_name", "ratios", "predicted_step_ms",
            "plan_profile", "plan_hash", "prediction_note", "model_hash", "resume_step", "data_hash", "token_cache",
-           "retime", "microbatch_size", "fixed_weights"}
+           "retime", "microbatch_size", "fixed_weights", "time_noise_steps"}
 """TrainConfig fields no option sets directly: the plan's and the checks' (microbatch_size comes through
 setup.train_config's own argument, with --global-batch)."""
 
