@@ -25,7 +25,7 @@ alongside the backward, which slows the backward by about a fifth and leaves the
 21.1 / 25.6 against 21.3 / 23.9 ms; docs/benchmarks.md, "Prediction at the machine's speed"). The primary-none
 run measured the noise on every step, so until 2026-12-06 the profile's unfrozen backward kinds carried the
 hooks while its frozen ones (from the `all` runs, which measure nothing) did not: freezing looked ~20% more
-profitable than it is, and a run's backwards then read as x0.81-0.92 of the profile against forwards at x1.0.
+profitable than it is, and a run's backwards then ran at 0.82-0.92 of its forwards' speed against the profile.
 So primary-none runs twice the steps, measures the noise on the even ones (as many measured steps as before)
 and times only the odd ones (TrainConfig.time_noise_steps: their actions, spans and step times).
 

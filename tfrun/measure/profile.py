@@ -101,10 +101,10 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
             elif kind in "FI" and (s, kind) in frozen and (s, kind) not in unfrozen:
                 row[hi], spreads[f"{s}{kind}"] = frozen[(s, kind)]
                 got.append(hi)
-        for hi, lo in (("backward_ms", "backward_frozen_ms"), ("backward_weight_ms", "backward_weight_frozen_ms")):
+        for hi, lo in BACKWARD_PAIRS:
             if lo in got and hi not in got and b is None:
                 row[hi] = row[lo]  # keep the file valid (frozen <= unfrozen); source says what was measured
-            row[lo] = min(row[lo], row[hi])
+        _frozen_at_most_unfrozen(row)
         if b is None:
             _derive_other_backward_style(row, got)
         row["grad_bytes"] = 4.0 * stage_numel.get(s, 0)  # fp32 gradients: what data parallelism reduces
@@ -170,7 +170,16 @@ def _derive_other_backward_style(row: dict[str, float], measured: list[str]) -> 
         derived = {"backward_ms": row["backward_input_ms"] + row["backward_weight_ms"],
                    "backward_frozen_ms": row["backward_input_ms"] + row["backward_weight_frozen_ms"]}
     row.update({field: value for field, value in derived.items() if field not in measured})
-    for hi, lo in (("backward_ms", "backward_frozen_ms"), ("backward_weight_ms", "backward_weight_frozen_ms")):
+    _frozen_at_most_unfrozen(row)  # a derived B beside a measured frozen B (DualPipeV's `all` run)
+
+
+BACKWARD_PAIRS = (("backward_ms", "backward_frozen_ms"), ("backward_weight_ms", "backward_weight_frozen_ms"))
+"""(unfrozen, frozen) fields of a stage's backward kinds."""
+
+
+def _frozen_at_most_unfrozen(row: dict[str, float]) -> None:
+    """Keep the file valid: a frozen time above its unfrozen one (measurement noise) is cut to it."""
+    for hi, lo in BACKWARD_PAIRS:
         row[lo] = min(row[lo], row[hi])
 
 
