@@ -60,6 +60,9 @@ SPREAD_WARN = 0.25  # a (stage, kind) whose (p75 - p25) / median exceeds this ma
 # (the tiny model's actions spread 15-20% across micro-batches and steps on a quiet 2-core VM; 25% means more)
 GAP_WARN = 0.10  # so does a replayed step more than this far (relative) from the measured one
 
+BACKWARD_PAIRS = (("backward_ms", "backward_frozen_ms"), ("backward_weight_ms", "backward_weight_frozen_ms"))
+"""(unfrozen, frozen) fields of a stage's backward kinds."""
+
 
 def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list[ActionTime], step_time_ms: float,
                      name: str, stage_numel: dict[int, int], base: profile_mod.Profile | None = None,
@@ -104,7 +107,7 @@ def measured_profile(config: TrainConfig, records: list[ActionTime], spans: list
         for hi, lo in BACKWARD_PAIRS:
             if lo in got and hi not in got and b is None:
                 row[hi] = row[lo]  # keep the file valid (frozen <= unfrozen); source says what was measured
-        _frozen_at_most_unfrozen(row)
+        _frozen_at_most_unfrozen(row)  # before the derivation: its W = B - frozen B must not go negative
         if b is None:
             _derive_other_backward_style(row, got)
         row["grad_bytes"] = 4.0 * stage_numel.get(s, 0)  # fp32 gradients: what data parallelism reduces
@@ -171,10 +174,6 @@ def _derive_other_backward_style(row: dict[str, float], measured: list[str]) -> 
                    "backward_frozen_ms": row["backward_input_ms"] + row["backward_weight_frozen_ms"]}
     row.update({field: value for field, value in derived.items() if field not in measured})
     _frozen_at_most_unfrozen(row)  # a derived B beside a measured frozen B (DualPipeV's `all` run)
-
-
-BACKWARD_PAIRS = (("backward_ms", "backward_frozen_ms"), ("backward_weight_ms", "backward_weight_frozen_ms"))
-"""(unfrozen, frozen) fields of a stage's backward kinds."""
 
 
 def _frozen_at_most_unfrozen(row: dict[str, float]) -> None:
