@@ -16,7 +16,10 @@ the same anywhere). A rank runs tfrun.cli.worker as a process of `python -m tfru
 variables torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE), and leaves with os._exit:
 the launcher's exit handlers are not the rank's. A forked rank first moves every object it inherited into the
 collector's permanent generation (gc.freeze): torch's imports leave about 290,000 objects that no rank frees,
-and the rank's collections need not walk them (its last one, tfrun.cli.worker: 0.17 s on 2 cores, 1-3 ms frozen).
+and the rank's collections need not walk them (its last one, tfrun.cli.worker: 0.17 s on 2 cores, 1-3 ms
+frozen). The launcher does not freeze before forking: it may be a longer-lived process (a test session, a user's
+script calling launch) whose own garbage must stay collectable; the CLI's process freezes only on its way out
+(tfrun.cli.app.main).
 
 Note [launcher signals]: the ranks run in a process group of their own, so a Ctrl-C in the terminal reaches only
 this launcher. The first SIGINT or SIGTERM writes OUT/STOP: the ranks finish their step, checkpoint and exit 0
