@@ -1,6 +1,6 @@
 """tfplan.solve.fastlp.tied and dual: the tied primal and the tied dual sandwich the optimum whatever the ties
 (Note [periodic compression]), a compression used before gives the same tied dual, a point carried to a larger
-margin, and dense ids."""
+margin, the tied dual's incidence, and dense ids."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from tests.tfplan.solve.fastlp.instances import (
+    COMPRESSED,
     _phase_lps,
     _random_profile,
 )
 from tfplan.schedule import schedules
 from tfplan.solve import lp, solver
-from tfplan.solve.fastlp.dual import tied_dual
+from tfplan.solve.fastlp.dual import _incidence, _sorted_rows, tied_dual
 from tfplan.solve.fastlp.glop import solve_glop
 from tfplan.solve.fastlp.graph import GraphArrays, Runs
 from tfplan.solve.fastlp.tied import Compressed, Phase, tied_primal
@@ -90,3 +91,34 @@ def test_dense_ids_are_np_uniques(top: int) -> None:
     _, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
     ids, sizes = _dense_ids(key)
     assert np.array_equal(ids, inverse.ravel()) and np.array_equal(sizes, counts)
+
+
+@pytest.mark.parametrize("kind, stages, microbatches, virtual", COMPRESSED)
+def test_the_incidence_lists_each_nodes_row_groups(kind: str, stages: int, microbatches: int, virtual) -> None:
+    # tfplan.solve.fastlp.dual._incidence places the rows by a layout kept per graph (g.memo) and sorts width 2 by
+    # min/max: per node, its in-rows' groups and its out-rows' groups (and a sink's kappa column), padded with -1
+    # and sorted (padding first), as a loop over the rows lists them; the same from a second compression.
+    sched = schedules.generate(kind, stages, microbatches, virtual) if virtual else schedules.generate(
+        kind, stages, microbatches)
+    dag = dag_mod.build(sched, _random_profile(sched.num_stages, seed=5, p2p_ms=0.05))
+    g = GraphArrays.from_dag(dag)
+    for margin in (0, 2):
+        c = Compressed(g, Runs.detect(g).ties(g.n, (margin, margin)))
+        sink_var = 10_000 + np.arange(len(g.sinks))
+        got_in, got_out = _incidence(c, sink_var)
+        ins, outs = [[] for _ in range(g.n)], [[] for _ in range(g.n)]
+        for row, (u, v) in enumerate(zip(g.row_u.tolist(), g.row_v.tolist())):
+            ins[v].append(int(c.row_group[row]))
+            outs[u].append(int(c.row_group[row]))
+        for sink, var in zip(g.sinks.tolist(), sink_var.tolist()):
+            outs[sink].append(var)
+        for got, want in ((got_in, ins), (got_out, outs)):
+            width = max(1, max(map(len, want)))
+            assert got.shape == (g.n, width)
+            assert got.tolist() == [sorted(w + [-1] * (width - len(w))) for w in want]
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_sorted_rows_is_np_sort_by_row(width: int) -> None:
+    mat = np.random.default_rng(width).integers(-1, 5, size=(50, width))
+    assert np.array_equal(_sorted_rows(mat), np.sort(mat, axis=1))
