@@ -33,23 +33,26 @@ def _incidence(c: Compressed, sink_var: np.ndarray) -> tuple[np.ndarray, np.ndar
     """Per node, sorted row-group ids of its in-rows and of its out-rows (sinks add their kappa column to
     the out side), -1 padded: (n, width) int arrays."""
     g, n = c.g, c.g.n
+    owners = (g.row_v, np.concatenate([g.row_u, g.sinks]))
     if "incidence" not in g.memo:
-        # Where each row's group id lands in the (n, width) matrices depends on the graph alone: one flat index per
-        # row (int32 while n x width allows: 8 MB per million rows), kept for every compression of the graph.
+        # Which slot of its owner's row each row takes depends on the graph alone: kept once per graph, as the
+        # smallest int type that holds it (a byte per row: 2 MB per million rows; the flat positions it gives are
+        # made again for each compression, not kept, since the solve's peak memory comes later).
         layouts = []
-        for owner in (g.row_v, np.concatenate([g.row_u, g.sinks])):
+        for owner in owners:
             order = np.argsort(owner, kind="stable")
             sorted_owner = owner[order]
             slot = np.arange(len(owner)) - np.searchsorted(sorted_owner, np.arange(n))[sorted_owner]
             width = int(slot.max()) + 1 if len(slot) else 1
-            flat = np.empty(len(owner), dtype=np.int32 if n * width < 2**31 else np.int64)
-            flat[order] = sorted_owner * width + slot
-            layouts.append((flat, width))
+            kept = np.empty(len(owner), dtype=np.min_scalar_type(width - 1))
+            kept[order] = slot
+            layouts.append((kept, width))
         g.memo["incidence"] = layouts
     mats = []
-    for (flat, width), var in zip(g.memo["incidence"], (c.row_group, np.concatenate([c.row_group, sink_var]))):
+    for owner, (slot, width), var in zip(owners, g.memo["incidence"], (c.row_group, np.concatenate([c.row_group,
+                                                                                                   sink_var]))):
         mat = np.full((n, width), -1, dtype=np.int64)
-        mat.ravel()[flat] = var
+        mat.ravel()[owner * width + slot] = var
         mats.append(_sorted_rows(mat))
     return mats[0], mats[1]
 
