@@ -71,8 +71,8 @@ def _distinct_rows(c: Compressed, sink_var: np.ndarray) -> tuple[np.ndarray, np.
     """The kept rows of the tied dual: every untied node's, and a tied node's when no earlier node of its run has
     the same row. Returns the in- and out-incidence (as _incidence) of the nodes whose t-row is kept, the
     out-incidence of those whose r-row is kept, and those nodes (keep_r). The same in every phase (the sinks'
-    kappa columns follow the y columns in every dual_layout), so computed once per compression (c.memo): about
-    a second at a million actions, and only the kept rows are held."""
+    kappa columns follow the y columns in every dual_layout), so computed once per compression (c.memo): 0.18-0.2 s
+    at a million actions (0.5 s the first time; _incidence 0.02 s of it), and only the kept rows are held."""
     key = ("dual rows", int(sink_var[0]) if len(sink_var) else -1)
     if key not in c.memo:
         g, ties = c.g, c.ties
