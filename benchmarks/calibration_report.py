@@ -41,8 +41,8 @@ Fit and held out (issue 45): the fit cells are data seed 0 of scratch, crossing 
 The planner's model is chosen on the fit cells alone, by a rule fixed before any held-out cell ran (2026-12-06
 03:45 UTC): among the models a planner can compute from a plan's stage ratios (mccandlish, momentum, adam-stage:
 PLANNER_MODELS), the one whose worst regime has the smallest mean |residual|; the held-out cells then say how it
-does. A cell passes
-when its prediction lies within its freeze seeds' scatter (max - min) or 0.05 of its median, whichever is larger.
+does. A cell passes when its prediction lies within its freeze seeds' scatter (max - min) or 0.05 of its median,
+whichever is larger.
 
     python benchmarks/calibration_report.py --out runs/calib
     python benchmarks/calibration_report.py --out runs/calib --json runs/calib/report.json
