@@ -250,11 +250,7 @@ def safe_lower_bound(g: GraphArrays, phase: Phase, dual: FullDual, windows: Wind
 def _flows(g: GraphArrays, y: np.ndarray, kappa: np.ndarray):
     """Per action, as double-double pairs: the sum of the flows y of its incoming rows, and of its outgoing rows
     plus its sink price kappa (exact sums: no row's flow is rounded away; Note [bound rounding])."""
-    memo = g.memo
-    if "flow_levels" not in memo:  # which rows (and sinks) can be added at once without two hitting one action
-        out_index = np.concatenate([g.row_u, g.sinks]).astype(np.int32 if g.n < 2**31 else np.int64)
-        memo["flow_levels"] = (exact.levels(g.row_v), out_index, exact.levels(out_index))
-    into_levels, out_index, out_levels = memo["flow_levels"]
+    into_levels, out_index, out_levels = g.row_levels()
     into = exact.scatter_add(g.n, g.row_v, y, into_levels)
     out = exact.scatter_add(g.n, out_index, np.concatenate([y, kappa]), out_levels)
     return into, out

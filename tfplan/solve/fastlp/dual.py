@@ -33,26 +33,13 @@ def _incidence(c: Compressed, sink_var: np.ndarray) -> tuple[np.ndarray, np.ndar
     """Per node, sorted row-group ids of its in-rows and of its out-rows (sinks add their kappa column to
     the out side), -1 padded: (n, width) int arrays."""
     g, n = c.g, c.g.n
-    owners = (g.row_v, np.concatenate([g.row_u, g.sinks]))
-    if "incidence" not in g.memo:
-        # Which slot of its owner's row each row takes depends on the graph alone: kept once per graph, as the
-        # smallest int type that holds it (a byte per row: 2 MB per million rows; the flat positions it gives are
-        # made again for each compression, not kept, since the solve's peak memory comes later).
-        layouts = []
-        for owner in owners:
-            order = np.argsort(owner, kind="stable")
-            sorted_owner = owner[order]
-            slot = np.arange(len(owner)) - np.searchsorted(sorted_owner, np.arange(n))[sorted_owner]
-            width = int(slot.max()) + 1 if len(slot) else 1
-            kept = np.empty(len(owner), dtype=np.min_scalar_type(width - 1))
-            kept[order] = slot
-            layouts.append((kept, width))
-        g.memo["incidence"] = layouts
+    into_levels, out_index, out_levels = g.row_levels()  # level k: rows that take slot k of their action
     mats = []
-    for owner, (slot, width), var in zip(owners, g.memo["incidence"], (c.row_group, np.concatenate([c.row_group,
-                                                                                                   sink_var]))):
-        mat = np.full((n, width), -1, dtype=np.int64)
-        mat.ravel()[owner * width + slot] = var
+    for owner, groups, var in ((g.row_v, into_levels, c.row_group),
+                               (out_index, out_levels, np.concatenate([c.row_group, sink_var]))):
+        mat = np.full((n, max(1, len(groups))), -1, dtype=np.int64)
+        for slot, rows in enumerate(groups):
+            mat[owner[rows], slot] = var[rows]
         mats.append(_sorted_rows(mat))
     return mats[0], mats[1]
 
@@ -71,8 +58,8 @@ def _distinct_rows(c: Compressed, sink_var: np.ndarray) -> tuple[np.ndarray, np.
     """The kept rows of the tied dual: every untied node's, and a tied node's when no earlier node of its run has
     the same row. Returns the in- and out-incidence (as _incidence) of the nodes whose t-row is kept, the
     out-incidence of those whose r-row is kept, and those nodes (keep_r). The same in every phase (the sinks'
-    kappa columns follow the y columns in every dual_layout), so computed once per compression (c.memo): 0.18-0.2 s
-    at a million actions (0.5 s the first time; _incidence 0.02 s of it), and only the kept rows are held."""
+    kappa columns follow the y columns in every dual_layout), so computed once per compression (c.memo): 0.18-0.3 s
+    at a million actions (0.5 s the first time; _incidence 0.04 s of it), and only the kept rows are held."""
     key = ("dual rows", int(sink_var[0]) if len(sink_var) else -1)
     if key not in c.memo:
         g, ties = c.g, c.ties

@@ -139,25 +139,9 @@ def dot(x, y) -> tuple[float, float]:
     return out
 
 
-def levels(index: np.ndarray) -> list[np.ndarray]:
-    """Positions of `index` split into groups in which no target repeats, so that scatter_add can add pairs
-    into their targets without collisions: each pass keeps one position per target still pending (whichever
-    a fancy assignment with repeated targets lets win: exactly one does). O(len(index)) per group."""
-    if len(index) == 0:
-        return []
-    mark = np.full(int(index.max()) + 1, -1, dtype=np.int64)
-    rest, out = np.arange(len(index)), []
-    while len(rest):
-        mark[index[rest]] = rest
-        won = mark[index[rest]] == rest
-        out.append(rest[won].astype(np.int32 if len(index) < 2**31 else np.int64))
-        rest = rest[~won]
-    return out
-
-
 def scatter_add(n: int, index: np.ndarray, values: np.ndarray, groups: list[np.ndarray]):
     """out[index[i]] += values[i] (floats) into n pairs, exactly (an np.add.at that rounds nothing away):
-    `groups` is levels(index)."""
+    `groups` is tfplan.solve.fastlp.graph.levels(index)."""
     hi, lo = np.zeros(n), np.zeros(n)
     for pos in groups:
         at = index[pos]

@@ -62,7 +62,17 @@ class GraphArrays:
     topo: np.ndarray
     """(n,) int: a topological order of the nodes (the Dag's)."""
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    """What is derived from these arrays once per solve (tfplan.solve.fastlp.bound keeps its flows' layout here)."""
+    """What is derived from these arrays once per solve (row_levels; the compressions' lag ids)."""
+
+    def row_levels(self) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray]]:
+        """(levels(row_v), out_index, levels(out_index)), out_index the rows' tails then the sinks: which rows
+        reach their head (and which rows and sink rows their tail) without two reaching one action, computed once
+        per graph. The safe bound's exact flow sums scatter by them (tfplan.solve.fastlp.bound), and the tied
+        dual's incidence places each row in a slot of its action by them (tfplan.solve.fastlp.dual)."""
+        if "row_levels" not in self.memo:
+            out_index = np.concatenate([self.row_u, self.sinks]).astype(np.int32 if self.n < 2**31 else np.int64)
+            self.memo["row_levels"] = (levels(self.row_v), out_index, levels(out_index))
+        return self.memo["row_levels"]
 
     @classmethod
     def from_dag(cls, dag: Dag) -> GraphArrays:
@@ -292,3 +302,20 @@ class Runs:
         offset = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         tied = self.nodes[np.repeat(first, sizes) + offset]
         return Ties.build(n, tied, self.nodes[first][run_id], offset, run_id, len(keep), self.period_mb)
+
+
+def levels(index: np.ndarray) -> list[np.ndarray]:
+    """Positions of `index` split into groups in which no target repeats, so that tfplan.solve.fastlp.exact's
+    scatter_add can add pairs into their targets without collisions (and GraphArrays.row_levels' k-th group gives
+    its rows slot k of their action): each pass keeps one position per target still pending (whichever a fancy
+    assignment with repeated targets lets win: exactly one does). O(len(index)) per group."""
+    if len(index) == 0:
+        return []
+    mark = np.full(int(index.max()) + 1, -1, dtype=np.int64)
+    rest, out = np.arange(len(index)), []
+    while len(rest):
+        mark[index[rest]] = rest
+        won = mark[index[rest]] == rest
+        out.append(rest[won].astype(np.int32 if len(index) < 2**31 else np.int64))
+        rest = rest[~won]
+    return out

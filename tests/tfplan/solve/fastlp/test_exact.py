@@ -13,7 +13,7 @@ from tests.tfplan.solve.fastlp.instances import _random_profile
 from tfplan.schedule import schedules
 from tfplan.solve.fastlp import exact
 from tfplan.solve.fastlp.bound import FullDual, Windows, safe_lower_bound
-from tfplan.solve.fastlp.graph import GraphArrays
+from tfplan.solve.fastlp.graph import GraphArrays, levels
 from tfplan.solve.fastlp.tied import Phase
 from tfplan.step import dag as dag_mod
 
@@ -48,19 +48,11 @@ def test_sums_prefix_sums_and_scatter_adds_are_exact_to_their_bounds(seed: int, 
         running += t
         assert abs(value((pre[0][i], pre[1][i])) - running) <= tol
     index = rng.integers(0, max(1, n // 3), n)  # repeated targets
-    got = exact.scatter_add(int(index.max()) + 1, index, x, exact.levels(index))
+    got = exact.scatter_add(int(index.max()) + 1, index, x, levels(index))
     want = [Fraction(0)] * (int(index.max()) + 1)
     for i, t in zip(index.tolist(), terms):
         want[i] += t
     assert all(abs(value((got[0][i], got[1][i])) - w) <= tol for i, w in enumerate(want))
-
-
-def test_levels_split_repeated_targets() -> None:
-    index = np.array([3, 1, 3, 3, 0, 1])
-    groups = exact.levels(index)
-    assert sorted(np.concatenate(groups).tolist()) == list(range(6)) and len(groups) == 3
-    assert all(len(set(index[g].tolist())) == len(g) for g in groups)
-    assert exact.levels(np.zeros(0, np.int64)) == []
 
 
 def _reference_bound(g: GraphArrays, phase: Phase, dual: FullDual, windows: Windows) -> Fraction:

@@ -9,7 +9,7 @@ import pytest
 from tfplan.cost import profile
 from tfplan.schedule import schedules
 from tfplan.solve import lp
-from tfplan.solve.fastlp.graph import GraphArrays, Runs
+from tfplan.solve.fastlp.graph import GraphArrays, Runs, levels
 from tfplan.step import dag as dag_mod
 
 
@@ -49,3 +49,11 @@ def test_the_period_is_the_one_that_ties_most_actions() -> None:
     for q in (1, 2, 32):
         assert Runs._chains(g, q, 4).ties(g.n, margin).num_tied < runs.ties(g.n, margin).num_tied
     assert len(Runs._chains(g, 1, 4).nodes) > 0.9 * g.n  # what the old rule (coverage) went by
+
+
+def test_levels_split_repeated_targets() -> None:
+    index = np.array([3, 1, 3, 3, 0, 1])
+    groups = levels(index)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(6)) and len(groups) == 3
+    assert all(len(set(index[g].tolist())) == len(g) for g in groups)
+    assert levels(np.zeros(0, np.int64)) == []
