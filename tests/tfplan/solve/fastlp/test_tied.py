@@ -95,9 +95,9 @@ def test_dense_ids_are_np_uniques(top: int) -> None:
 
 @pytest.mark.parametrize("kind, stages, microbatches, virtual", COMPRESSED)
 def test_the_incidence_lists_each_nodes_row_groups(kind: str, stages: int, microbatches: int, virtual) -> None:
-    # tfplan.solve.fastlp.dual._incidence places the rows by a layout kept per graph (g.memo) and sorts width 2 by
-    # min/max: per node, its in-rows' groups and its out-rows' groups (and a sink's kappa column), padded with -1
-    # and sorted (padding first), as a loop over the rows lists them; the same from a second compression.
+    # tfplan.solve.fastlp.dual._incidence places the rows by the graph's row levels (kept in g.memo) and sorts width
+    # 2 by min/max: per node, its in-rows' groups and its out-rows' groups (and a sink's kappa column), padded with
+    # -1 and sorted (padding first), as a loop over the rows lists them; the same from a second compression.
     sched = schedules.generate(kind, stages, microbatches, virtual) if virtual else schedules.generate(
         kind, stages, microbatches)
     dag = dag_mod.build(sched, _random_profile(sched.num_stages, seed=5, p2p_ms=0.05))
