@@ -84,7 +84,8 @@ METHODS = {  # name -> (freeze mode, cap, extra options); goodput: a plan solved
     "timely-goodput-seeded-auto": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
                                                    "--freeze-policy", "auto"]),
 }
-GOODPUT_SEEDED = ("goodput", "timely-goodput-seeded", "timely-goodput-seeded-auto")  # the methods whose plan is the seed's goodput plan
+# the methods whose plan is the seed's goodput plan
+GOODPUT_SEEDED = ("goodput", "timely-goodput-seeded", "timely-goodput-seeded-auto")
 CAPS = ("plan-0.3", "plan-0.6", "plan-0.9")  # the fixed plans the regret is taken against
 DEFAULT_METHODS = "none,plan-0.3,plan-0.6,plan-0.9,uniform-0.9,apf,autofreeze,goodput"
 
