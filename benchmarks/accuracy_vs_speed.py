@@ -21,7 +21,9 @@ online mode re-planning for goodput as the noise scale drifts, cap 0.9); timely-
 timely-goodput-z2 (the online goodput mode whose noise re-plans need a move beyond two standard errors,
 --noise-replan-z 2); timely-goodput-seeded (the online goodput mode seeded by the fixed goodput plan: in force
 from the end of the warm-up, the controller moving it only on evidence, tfrun.freeze.phases Note [goodput start]);
-timely-goodput-seeded-auto (the same with the default freeze policy, auto, in place of goodput's own).
+timely-goodput-seeded-auto (the same with the default freeze policy, auto, in place of goodput's own);
+timely-goodput-seeded-rescale and goodput-rescale (the seeded online mode and the fixed goodput plan with
+--grad-rescale: each tensor's gradient the mean over the micro-batches that reached it, not the sum over them / M).
 
 Equal time is measured twice: raw (each run's own wall time, which carries the machine's drift between runs) and
 paired (`tfrun retime` over all of a seed's runs at once, then `tfrun compare --paired`: tfrun.retime Note
@@ -83,9 +85,13 @@ METHODS = {  # name -> (freeze mode, cap, extra options); goodput: a plan solved
     "timely-goodput-seeded": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9"]),
     "timely-goodput-seeded-auto": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
                                                    "--freeze-policy", "auto"]),
+    "timely-goodput-seeded-rescale": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
+                                                      "--grad-rescale"]),
+    "goodput-rescale": ("plan", 0.9, ["--grad-rescale"]),
 }
 # the methods whose plan is the seed's goodput plan
-GOODPUT_SEEDED = ("goodput", "timely-goodput-seeded", "timely-goodput-seeded-auto")
+GOODPUT_SEEDED = ("goodput", "timely-goodput-seeded", "timely-goodput-seeded-auto", "timely-goodput-seeded-rescale",
+                  "goodput-rescale")
 CAPS = ("plan-0.3", "plan-0.6", "plan-0.9")  # the fixed plans the regret is taken against
 DEFAULT_METHODS = "none,plan-0.3,plan-0.6,plan-0.9,uniform-0.9,apf,autofreeze,goodput"
 
