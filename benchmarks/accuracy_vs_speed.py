@@ -23,7 +23,9 @@ timely-goodput-z2 (the online goodput mode whose noise re-plans need a move beyo
 from the end of the warm-up, the controller moving it only on evidence, tfrun.freeze.phases Note [goodput start]);
 timely-goodput-seeded-auto (the same with the default freeze policy, auto, in place of goodput's own);
 timely-goodput-seeded-rescale and goodput-rescale (the seeded online mode and the fixed goodput plan with
---grad-rescale: each tensor's gradient the mean over the micro-batches that reached it, not the sum over them / M).
+--grad-rescale: each tensor's gradient the mean over the micro-batches that reached it, not the sum over them / M);
+the ablations timely-goodput-seeded-nowarmup (--warmup-steps 0: the seed plan in force from step 0) and
+timely-goodput-seeded-inert (also no noise measurement and no drift re-plans: the fixed plan run by the online mode).
 
 Equal time is measured twice: raw (each run's own wall time, which carries the machine's drift between runs) and
 paired (`tfrun retime` over all of a seed's runs at once, then `tfrun compare --paired`: tfrun.retime Note
@@ -88,10 +90,14 @@ METHODS = {  # name -> (freeze mode, cap, extra options); goodput: a plan solved
     "timely-goodput-seeded-rescale": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
                                                       "--grad-rescale"]),
     "goodput-rescale": ("plan", 0.9, ["--grad-rescale"]),
+    "timely-goodput-seeded-nowarmup": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
+                                                       "--warmup-steps", "0"]),
+    "timely-goodput-seeded-inert": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
+                                                    "--warmup-steps", "0", "--noise-every", "0",
+                                                    "--noise-replan-z", "0", "--replan-threshold", "100"]),
 }
 # the methods whose plan is the seed's goodput plan
-GOODPUT_SEEDED = ("goodput", "timely-goodput-seeded", "timely-goodput-seeded-auto", "timely-goodput-seeded-rescale",
-                  "goodput-rescale")
+GOODPUT_SEEDED = ("goodput", "goodput-rescale", *(m for m in METHODS if m.startswith("timely-goodput-seeded")))
 CAPS = ("plan-0.3", "plan-0.6", "plan-0.9")  # the fixed plans the regret is taken against
 DEFAULT_METHODS = "none,plan-0.3,plan-0.6,plan-0.9,uniform-0.9,apf,autofreeze,goodput"
 
