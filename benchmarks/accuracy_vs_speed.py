@@ -83,12 +83,14 @@ METHODS = {  # name -> (freeze mode, cap, extra options); goodput: a plan solved
     # the online goodput mode whose noise re-plans need a move beyond 2 standard errors (Note [noise gate])
     "timely-goodput-z2": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
                                           "--noise-replan-z", "2"]),
-    # the online goodput mode started from the fixed goodput plan (its seed plan) instead of its own monitor and probe
-    "timely-goodput-seeded": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9"]),
+    # the online goodput mode started from the fixed goodput plan (its seed plan) instead of its own monitor and probe;
+    # --warmup-steps 5 was its default when these runs were made (tfrun.freeze.phases Note [goodput start])
+    "timely-goodput-seeded": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
+                                              "--warmup-steps", "5"]),
     "timely-goodput-seeded-auto": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
-                                                   "--freeze-policy", "auto"]),
+                                                   "--warmup-steps", "5", "--freeze-policy", "auto"]),
     "timely-goodput-seeded-rescale": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
-                                                      "--grad-rescale"]),
+                                                      "--warmup-steps", "5", "--grad-rescale"]),
     "goodput-rescale": ("plan", 0.9, ["--grad-rescale"]),
     "timely-goodput-seeded-nowarmup": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
                                                        "--warmup-steps", "0"]),

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tfrun.config.train_config import PLANNED, TrainConfig
+from tfrun.config.train_config import PLANNED, WARMUP_STEPS, TrainConfig
 from tfrun.errors import TfrunError
 
 TOKEN_CACHE = "token-cache"
@@ -44,6 +44,7 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
         spec = schedules.get_spec(schedule)
         sched = schedules.generate(spec.name, ranks, microbatches, stages_per_rank or spec.default_stages_per_rank)
         order = [[str(a) for a in row] for row in sched.order]
+        options["warmup_steps"] = warmup_steps(options.get("warmup_steps"), freeze, options.get("objective"), False)
         config = TrainConfig(order=order, num_stages=sched.num_stages,
                              num_microbatches=microbatches, stage_to_rank=list(sched.stage_to_rank),
                              schedule_name=sched.name, microbatch_size=_microbatch_size(
@@ -54,6 +55,8 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
         raise TfrunError("--schedule, --ranks, --microbatches and --stages-per-rank come from the plan; "
                          "give them only with --freeze timely and no --plan")
     plan = plan_mod.load(plan_path)
+    goodput_seed = plan.goodput is not None and plan.goodput.objective == "goodput"
+    options["warmup_steps"] = warmup_steps(options.get("warmup_steps"), freeze, options.get("objective"), goodput_seed)
     sched = plan.schedule
     m = sched.num_microbatches
     microbatch_size = _microbatch_size(global_batch, m, microbatch_size, options.get("dp", 1))
@@ -88,12 +91,27 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
     )
     config.check()
     if freeze == "timely" and config.objective == "goodput" and (config.monitor_steps < 2 or config.probe_steps < 1) \
-            and not (plan.goodput is not None and plan.goodput.objective == "goodput"):
+            and not goodput_seed:
         raise TfrunError(f"--freeze timely --objective goodput measures its own profile and noise unless the --plan is "
                          f"solved for goodput ({plan_path} is solved for makespan: tfrun.freeze.phases "
                          f"Note [goodput start]): it needs --monitor-steps >= 2 and --probe-steps >= 1")
     note = provenance.check_plan_profile(str(plan_path), plan.profile_source, config, config.force)
     return _checked(dataclasses.replace(config, prediction_note=note), token_cache_dir)
+
+
+def warmup_steps(value: int | None, freeze: str, objective: str | None, goodput_seed: bool) -> int:
+    """--warmup-steps, or its default: 0 where a seed plan solved for goodput is in force under --freeze timely
+    --objective goodput (it then runs from the first step, as the fixed plan does: tfrun.freeze.phases Note [goodput
+    start]), else WARMUP_STEPS.
+
+    >>> warmup_steps(None, "timely", "goodput", True), warmup_steps(None, "timely", "goodput", False)
+    (0, 5)
+    >>> warmup_steps(3, "timely", "goodput", True), warmup_steps(None, "timely", "makespan", True)
+    (3, 5)
+    """
+    if value is not None:
+        return value
+    return 0 if freeze == "timely" and objective == "goodput" and goodput_seed else WARMUP_STEPS
 
 
 def _microbatch_size(global_batch: int | None, m: int, microbatch_size: int, dp: int = 1) -> int:

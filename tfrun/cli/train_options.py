@@ -157,7 +157,8 @@ OPTIONS: tuple[Option, ...] = (
     O(name="learning_model", type=str, default=DEFAULT_LEARNING_MODEL, panel=ONLINE, help="timely, goodput: the "
       "learning model of the in-run solves: " + ", ".join(LEARNING_MODELS) + " (docs/cost-model.md, 'Which "
       "learning model')."),
-    O(name="warmup_steps", type=int, default=5, panel=ONLINE, help="timely: steps before monitoring."),
+    O(name="warmup_steps", type=int | None, default=None, panel=ONLINE, help="timely: steps before monitoring "
+      "(default 5; 0 under --objective goodput with a --plan solved for goodput, in force from the first step)."),
     O(name="monitor_steps", type=int, default=15, panel=ONLINE, help="timely: steps timing every action unfrozen."),
     O(name="probe_steps", type=int, default=5, panel=ONLINE, help="timely: steps timing frozen backwards (a quarter "
       "of the micro-batches frozen per step)."),

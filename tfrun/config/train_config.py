@@ -42,6 +42,8 @@ GOODPUT_NOISE_EVERY = 10
 """--noise-every's default under --freeze timely --objective goodput: its measured steps also leave a block of whole
 micro-batches unfrozen, and both costs stay under 3% of the run (tfrun.freeze.controller Note [unfrozen
 measurement])."""
+WARMUP_STEPS = 5
+"""timely: steps without freezing or measuring at the start, by default (tfrun.cli.setup.warmup_steps)."""
 GATE_Z = 2.0
 """--noise-replan-z's default under --freeze timely --objective goodput (tfrun.freeze.controller Note [learning
 gate]): the learning model's inputs must move beyond two standard errors to re-plan."""
@@ -191,8 +193,9 @@ class TrainConfig:
     """No progress bar (benchmarks, tests)."""
     max_freeze_ratio: list[float] = field(default_factory=lambda: [0.9])
     """timely: the cap on each stage's mean ratio (one value for all stages, or one per stage)."""
-    warmup_steps: int = 5
-    """timely: steps without freezing or measuring at the start (tfrun.freeze.online)."""
+    warmup_steps: int = WARMUP_STEPS
+    """timely: steps without freezing or measuring at the start (tfrun.freeze.online); the CLI's default is 0 under
+    goodput with a seed plan solved for goodput (tfrun.freeze.phases Note [goodput start])."""
     monitor_steps: int = 15
     """timely: steps timing every action with nothing frozen."""
     probe_steps: int = 5

@@ -5,10 +5,18 @@ profile, and whether a seed plan (--plan) is put in force.
 Note [goodput start]: the goodput mode starts its stable phase from the goodput plan of its own probe (the fixed
 method that won in docs/results.md: a plan solved once for goodput on a profile and noise measured at the start),
 with no ramp (--ramp-steps defaults to 0 under goodput). A seed plan (--plan) solved for goodput is such a plan
-already: it is in force from the end of the warm-up and its noise section is the controller's first reference. A
+already: it is in force from the end of the warm-up (by default none, below) and its noise section is the controller's first reference. A
 seed plan solved for makespan describes another objective, and often a profile of another day (its first check
 re-planned in every run of the third study): under goodput it names the schedule only, and the run measures
 (monitor, probe) as it does without one.
+A goodput seed plan is in force from the first step: under goodput with a seed plan solved for goodput, --warmup-steps
+defaults to 0 (tfrun.cli.setup.warmup_steps), as the fixed plan runs. With the old default of 5 unfrozen steps
+first, the seeded run learned far less than the same plan run fixed (benchmarks/accuracy_vs_speed.py, large batch
+from scratch, seeds 0-2, clock-free efficiency: 0.714 / 0.543 / 0.667 against the fixed plan's 0.857 / 0.757 /
+0.863), though it then froze less; with the warm-up at 0 and all else the same, 0.806 / 0.728 / 0.829; with
+measurement and re-plans off as well, the fixed plan's run bit for bit (docs/results.md, "The online mode seeded by
+the fixed goodput plan"). Neither the auto freeze policy (0.554 / 0.458 / 0.639) nor --grad-rescale (0.700 / 0.756
+/ 0.651) undid the warm-up's cost.
 
 Note [hook-free profile]: a step that measures the noise scale runs the meter's hooks and its per-sequence norms
 alongside the backward, and is slower: in a 60-step run of the tiny model (2 ranks, 1F1B, M = 8, beside another job
