@@ -5,9 +5,10 @@ profile, and whether a seed plan (--plan) is put in force.
 Note [goodput start]: the goodput mode starts its stable phase from the goodput plan of its own probe (the fixed
 method that won in docs/results.md: a plan solved once for goodput on a profile and noise measured at the start),
 with no ramp (--ramp-steps defaults to 0 under goodput). A seed plan (--plan) solved for goodput is such a plan
-already: it is in force from the end of the warm-up (by default none, below) and its noise section is the controller's first reference. A
-seed plan solved for makespan describes another objective, and often a profile of another day (its first check
-re-planned in every run of the third study): under goodput it names the schedule only, and the run measures
+already: it is in force from the end of the warm-up (by default none, below) and its noise section is the
+controller's first reference. A seed plan solved for makespan describes another objective, and often a profile of
+another day (its first check re-planned in every run of the third study): under goodput it names the schedule only,
+and the run measures
 (monitor, probe) as it does without one.
 A goodput seed plan is in force from the first step: under goodput with a seed plan solved for goodput, --warmup-steps
 defaults to 0 (tfrun.cli.setup.warmup_steps), as the fixed plan runs. With the old default of 5 unfrozen steps
