@@ -8,8 +8,7 @@ with no ramp (--ramp-steps defaults to 0 under goodput). A seed plan (--plan) so
 already: it is in force from the end of the warm-up (by default none, below) and its noise section is the
 controller's first reference. A seed plan solved for makespan describes another objective, and often a profile of
 another day (its first check re-planned in every run of the third study): under goodput it names the schedule only,
-and the run measures
-(monitor, probe) as it does without one.
+and the run measures (monitor, probe) as it does without one.
 A goodput seed plan is in force from the first step: under goodput with a seed plan solved for goodput, --warmup-steps
 defaults to 0 (tfrun.cli.setup.warmup_steps), as the fixed plan runs. With the old default of 5 unfrozen steps
 first, the seeded run learned far less than the same plan run fixed (benchmarks/accuracy_vs_speed.py, large batch
