@@ -33,6 +33,7 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
     from tfplan.cost import profile as profile_mod
     from tfplan.plan import plan as plan_mod
     from tfplan.schedule import schedules
+    from tfrun.freeze import phases
     from tfrun.records import provenance
 
     freeze = options.get("freeze", "plan")
@@ -55,7 +56,7 @@ def train_config(*, plan_path: str | None, global_batch: int | None, microbatch_
         raise TfrunError("--schedule, --ranks, --microbatches and --stages-per-rank come from the plan; "
                          "give them only with --freeze timely and no --plan")
     plan = plan_mod.load(plan_path)
-    goodput_seed = plan.goodput is not None and plan.goodput.objective == "goodput"
+    goodput_seed = phases.solved_for_goodput(plan)
     options["warmup_steps"] = warmup_steps(options.get("warmup_steps"), freeze, options.get("objective"), goodput_seed)
     sched = plan.schedule
     m = sched.num_microbatches

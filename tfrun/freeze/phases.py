@@ -16,7 +16,9 @@ from scratch, seeds 0-2, clock-free efficiency: 0.714 / 0.543 / 0.667 against th
 0.863), though it then froze less; with the warm-up at 0 and all else the same, 0.806 / 0.728 / 0.829; with
 measurement and re-plans off as well, the fixed plan's run bit for bit (docs/results.md, "The online mode seeded by
 the fixed goodput plan"). Neither the auto freeze policy (0.554 / 0.458 / 0.639) nor --grad-rescale (0.700 / 0.756
-/ 0.651) undid the warm-up's cost.
+/ 0.651) undid the warm-up's cost. Chosen on those three cells; held out, crossing and fine-tuning (seeds 0-2, warm-up
+5 -> 0): 0.838 -> 1.008, 0.870 -> 0.793, 0.646 -> 0.878 and 0.613 -> 0.639, 0.677 -> 0.670, 0.610 -> 0.618, better
+at four of six cells.
 
 Note [hook-free profile]: a step that measures the noise scale runs the meter's hooks and its per-sequence norms
 alongside the backward, and is slower: in a 60-step run of the tiny model (2 ranks, 1F1B, M = 8, beside another job
@@ -78,6 +80,12 @@ def profiled_steps(config: TrainConfig, bounds: list[tuple[str, int, int | None]
     return unhooked if config.objective == "goodput" and len(unhooked) >= least else set(range(lo, hi))
 
 
+def solved_for_goodput(plan: plan_mod.Plan) -> bool:
+    """Whether `plan` was solved for goodput (tfplan solve --objective goodput): under goodput it is put in force as
+    the seed plan, from the first step by default (Note [goodput start])."""
+    return plan.goodput is not None and plan.goodput.objective == "goodput"
+
+
 def seed_starts(seed: plan_mod.Plan, config: TrainConfig) -> bool:
     """Whether a seed plan is put in force (else, under goodput, it names the schedule only: Note [goodput start])."""
-    return config.objective != "goodput" or (seed.goodput is not None and seed.goodput.objective == "goodput")
+    return config.objective != "goodput" or solved_for_goodput(seed)
