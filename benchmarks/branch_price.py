@@ -1,0 +1,208 @@
+"""The learning price of freezing measured by a paired branch (issue 46, "a measured learning price"): does a short
+branch inside a run predict what the freezing costs over the whole run?
+
+The calibration set (benchmarks/calibration.py) measured each cell's price over whole runs: the steps the unfrozen
+run needs to reach the cell's eval loss over the steps the cell took (tfrun.records.efficiency), median over the
+second half. A controller cannot wait for that. What it could afford is a branch: from the run's state at step t
+(weights, optimizer state, data position), K steps with the plan's freezing, compared with the same K steps
+unfrozen on the same eval set. This script measures such branches, without a clock (the runs may share the
+machine), and compares them with the whole-run prices of docs/results/calibration.json.
+
+For each regime of the calibration set and data seed:
+  ref             the unfrozen run again up to the last branch point, checkpointing at every branch point (its
+                  eval losses must equal the calibration set's unfrozen run's to the bit: resuming is exact);
+  t{T}/{cell}-f{F}  a copy of ref's checkpoint at step T, resumed (`tfrun train --resume`) with the cell's plan
+                  (`--freeze plan --plan`, the calibration set's plan file) and freeze seed F for 2K steps,
+                  K the regime's eval interval: evaluations at T + K and T + 2K.
+The branch's price at length k (K or 2K) is e = s(L) / k, where L is the branch's eval loss after k steps and
+s(L) the steps the unfrozen run needs from T to reach L (linear between its evaluations on its running minimum,
+tfrun.records.efficiency.steps_to_reach, on the calibration set's unfrozen curve, whose evaluations fall on the
+same steps). A branch that loses progress reads e < 1; one that ends below the unfrozen curve's reach reads None.
+
+Cells: the held-out cells of the calibration set (cap-0.9, s0-0.6, s1-0.6, whose whole-run prices exist at both
+data seeds) and a control, s1-0.05 (5% of stage 1's micro-batches: the branch's own trajectory floor).
+
+The rule, fixed before any branch ran (2026-12-07 09:55 UTC): on data seed 0 (fit), the (T, k) among
+BRANCHES' points and lengths whose worst regime has the smallest mean |residual| (branch price minus whole-run
+efficiency, median over the calibration set's freeze seeds) is chosen; data seed 1 is held out, and its cells
+count as within tolerance as the calibration report counts them (max(the freeze seeds' range, 0.05)). The
+models it is compared with: adam (the planner's), 3 of 9 held-out cells within tolerance, and the run's own first
+30% (`branch` in docs/results/calibration.json), 4 of 9.
+
+    python benchmarks/branch_price.py --calib runs/calib --out runs/branch --regime scratch --data-seeds 0,1
+    python benchmarks/branch_price.py --calib runs/calib --out runs/branch --report   # the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from calibration import REGIMES, run  # noqa: E402
+
+from tfrun.records.efficiency import steps_to_reach  # noqa: E402
+
+BRANCHES = {"scratch": (20, 40), "crossing": (40, 80), "finetune": (40, 80)}
+"""Branch points T per regime (steps; on the regime's eval grid), early and mid-run."""
+CELLS = ("cap-0.9", "s0-0.6", "s1-0.6", "s1-0.05")
+CONTROL = "s1-0.05"
+
+
+def _metrics(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _evals(folder: Path) -> dict[int, float]:
+    """Steps completed -> eval loss of a run (or branch)."""
+    return {row["step"] + 1: row["eval_loss"] for row in _metrics(folder) if row.get("eval_loss") is not None}
+
+
+def reference(calib: Path, where: Path, regime: dict, seed: int, last: int) -> Path:
+    """The unfrozen run again to step `last`, checkpointed on the eval grid; checked against the calibration set's."""
+    ref, none = where / "ref", calib / f"seed{seed}" / "none"
+    if not (ref / "summary.json").exists():
+        shutil.rmtree(ref, ignore_errors=True)
+        config = tomllib.loads((none / "config.toml").read_text())
+        start = ["--init-from", config["init-from"]] if config.get("init-from") else []
+        run(["tfrun", "train", "--plan", config["plan"], "--freeze", "none", "--model", regime["model"],
+             "--steps", str(last), "--seed", str(seed), "--out", str(ref), "--quiet", "--microbatch-size",
+             str(regime["mb"]), "--seq-len", str(config["seq-len"]), "--lr", regime["lr"], "--eval-every",
+             str(regime["eval_every"]), "--eval-batches", str(regime["eval_batches"]), "--checkpoint-every",
+             str(regime["eval_every"]), "--keep-checkpoints", "0", *regime["data"], *start])
+    mine, theirs = _evals(ref), _evals(none)
+    differ = {s: (v, theirs.get(s)) for s, v in mine.items() if theirs.get(s) != v}
+    if differ:
+        sys.exit(f"{ref}: the unfrozen run's eval losses differ from {none}'s: {differ}")
+    return ref
+
+
+def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_seed: int) -> None:
+    """ref's checkpoint at step `at`, resumed with `plan` for `length` steps into `folder` (skipped when done)."""
+    if (folder / "summary.json").exists():
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "checkpoints").mkdir(parents=True)
+    shutil.copy(ref / "config.toml", folder / "config.toml")
+    name = f"step{at:07d}"
+    shutil.copytree(ref / "checkpoints" / name, folder / "checkpoints" / name)
+    (folder / "checkpoints" / "latest.json").write_text(json.dumps({"step": at, "world_size": 2}))
+    run(["tfrun", "train", "--resume", str(folder), "--steps", str(at + length), "--freeze", "plan", "--plan",
+         str(plan), "--freeze-seed", str(freeze_seed), "--quiet"])
+
+
+def price(base: dict[int, float], at: int, k: int, loss: float) -> float | None:
+    """The branch's efficiency after k steps from `at`: steps the unfrozen curve needs from `at` to reach `loss`."""
+    curve = sorted((s, v) for s, v in base.items() if s >= at)
+    reached = steps_to_reach(curve, loss)
+    return None if reached is None else (reached - at) / k
+
+
+def measure(calib: Path, out: Path, name: str, seeds: list[int], freeze_seeds: list[int]) -> None:
+    regime = REGIMES[name]
+    k = regime["eval_every"]
+    for seed in seeds:
+        where = out / name / f"seed{seed}"
+        ref = reference(calib / name, where, regime, seed, max(BRANCHES[name]))
+        for at in BRANCHES[name]:
+            for f in freeze_seeds:
+                for cell in CELLS:
+                    folder = where / f"t{at}" / f"{cell}-f{f}"
+                    branch(ref, folder, at, 2 * k, calib / name / "plans" / f"{cell}.json", f)
+                    print(f"{folder}: eval " + ", ".join(f"{s}: {v:.4f}" for s, v in sorted(_evals(folder).items())),
+                          flush=True)
+
+
+def rows(calib: Path, out: Path) -> list[dict]:
+    """One row per branch run measured: regime, data seed, T, cell, freeze seed, price at K and 2K."""
+    found = []
+    for name, points in BRANCHES.items():
+        k = REGIMES[name]["eval_every"]
+        for seed_dir in sorted((out / name).glob("seed*")):
+            seed = int(seed_dir.name[4:])
+            base = _evals(calib / name / f"seed{seed}" / "none")
+            for at in points:
+                for folder in sorted((seed_dir / f"t{at}").glob("*-f*")):
+                    if not (folder / "summary.json").exists():
+                        continue
+                    cell, _, f = folder.name.rpartition("-f")
+                    evals = _evals(folder)
+                    found.append({"regime": name, "data_seed": seed, "at": at, "cell": cell, "freeze_seed": int(f),
+                                  **{f"e{n}": price(base, at, n * k, evals[at + n * k]) if at + n * k in evals
+                                     else None for n in (1, 2)}})
+    return found
+
+
+def report(calib: Path, out: Path, json_out: Path | None) -> None:
+    whole = {(c["regime"], c["data_seed"], c["cell"]): c
+             for c in json.loads((ROOT / "docs/results/calibration.json").read_text())["cells"]}
+    measured = rows(calib, out)
+    print("regime    seed  T    cell      f  e(K)   e(2K)  whole-run efficiency [tolerance]  adam  first-30%")
+    for r in measured:
+        c = whole.get((r["regime"], r["data_seed"], r["cell"]))
+        fmt = lambda v: "  -  " if v is None else f"{v:5.2f}"  # noqa: E731
+        ref = "" if c is None else (f"{c['efficiency']:.2f} [{max(c.get('spread') or 0.0, 0.05):.2f}]"
+                                    f"                   {c['predicted']['adam']:.2f}  {c['predicted']['branch']:.2f}")
+        print(f"{r['regime']:9} {r['data_seed']:4}  {r['at']:<4} {r['cell']:9} {r['freeze_seed']}  {fmt(r['e1'])}  "
+              f"{fmt(r['e2'])}  {ref}")
+    print("\nper (T, k): mean |residual| on the fit seed (0) per regime, worst; held out (seed 1): within tolerance")
+    choices = []
+    for at_i in range(2):
+        for n in (1, 2):
+            fit, held = {}, {}
+            for r in measured:
+                c = whole.get((r["regime"], r["data_seed"], r["cell"]))
+                value = r[f"e{n}"]
+                if c is None or r["cell"] == CONTROL or r["at"] != BRANCHES[r["regime"]][at_i] or value is None:
+                    continue
+                residual = value - c["efficiency"]
+                if r["data_seed"] == 0:
+                    fit.setdefault(r["regime"], []).append(abs(residual))
+                else:
+                    tol = max(c.get("spread") or 0.0, 0.05)
+                    held.setdefault(r["regime"], []).append(abs(residual) <= tol)
+            if not fit:
+                continue
+            means = {g: statistics.mean(v) for g, v in fit.items()}
+            worst = max(means.values())
+            choices.append((worst, at_i, n))
+            print(f"  T {'early' if at_i == 0 else 'mid'} k {n}K: " + ", ".join(f"{g} {v:.3f}" for g, v in
+                  sorted(means.items())) + f"; worst {worst:.3f}; held out within: " + ", ".join(
+                  f"{g} {sum(v)}/{len(v)}" for g, v in sorted(held.items())))
+    if choices:
+        worst, at_i, n = min(choices)
+        print(f"chosen by the rule: T {'early' if at_i == 0 else 'mid'}, k = {n}K (worst fit regime {worst:.3f})")
+    if json_out is not None:
+        json_out.write_text(json.dumps({"branches": BRANCHES, "rows": measured}, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calib", required=True, help="the calibration set's folder (benchmarks/calibration.py --out)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--regime", choices=sorted(BRANCHES))
+    ap.add_argument("--data-seeds", default="0,1")
+    ap.add_argument("--freeze-seeds", default="0")
+    ap.add_argument("--report", action="store_true", help="print the table of the branches measured so far")
+    ap.add_argument("--json", default=None, help="with --report: also write the rows here")
+    args = ap.parse_args()
+    calib, out = Path(args.calib), Path(args.out)
+    if args.report:
+        report(calib, out, None if args.json is None else Path(args.json))
+        return
+    if args.regime is None:
+        sys.exit("--regime is required unless --report")
+    measure(calib, out, args.regime, [int(s) for s in args.data_seeds.split(",")],
+            [int(f) for f in args.freeze_seeds.split(",")])
+
+
+if __name__ == "__main__":
+    main()
