@@ -22,7 +22,7 @@ same steps). A branch that loses progress reads e < 1; one that ends below the u
 Cells: the held-out cells of the calibration set (cap-0.9, s0-0.6, s1-0.6, whose whole-run prices exist at both
 data seeds) and a control, s1-0.05 (5% of stage 1's micro-batches: the branch's own trajectory floor).
 
-The rule, fixed before any branch ran (2026-12-07 09:55 UTC): on data seed 0 (fit), the (T, k) among
+The rule, fixed before any branch ran (2026-12-07 09:28 UTC): on data seed 0 (fit), the (T, k) among
 BRANCHES' points and lengths whose worst regime has the smallest mean |residual| (branch price minus whole-run
 efficiency, median over the calibration set's freeze seeds) is chosen; data seed 1 is held out, and its cells
 count as within tolerance as the calibration report counts them (max(the freeze seeds' range, 0.05)). The
