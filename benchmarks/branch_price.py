@@ -73,7 +73,8 @@ def reference(calib: Path, where: Path, regime: dict, seed: int, last: int) -> P
         shutil.rmtree(ref, ignore_errors=True)
         config = tomllib.loads((none / "config.toml").read_text())
         start = ["--init-from", config["init-from"]] if config.get("init-from") else []
-        run(["tfrun", "train", "--plan", config["plan"], "--freeze", "none", "--model", regime["model"],
+        plan = calib / "plans" / "cap-0.9.json"  # (the calibration set's unfrozen runs name it: the schedule)
+        run(["tfrun", "train", "--plan", str(plan), "--freeze", "none", "--model", regime["model"],
              "--steps", str(last), "--seed", str(seed), "--out", str(ref), "--quiet", "--microbatch-size",
              str(regime["mb"]), "--seq-len", str(config["seq-len"]), "--lr", regime["lr"], "--eval-every",
              str(regime["eval_every"]), "--eval-batches", str(regime["eval_batches"]), "--checkpoint-every",
@@ -91,7 +92,9 @@ def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_see
         return
     shutil.rmtree(folder, ignore_errors=True)
     (folder / "checkpoints").mkdir(parents=True)
-    shutil.copy(ref / "config.toml", folder / "config.toml")
+    # The branch continues ref (--resume), so it does not start from the fine-tuning base again (--init-from).
+    config = [line for line in (ref / "config.toml").read_text().splitlines() if not line.startswith("init-from")]
+    (folder / "config.toml").write_text("\n".join(config) + "\n")
     name = f"step{at:07d}"
     shutil.copytree(ref / "checkpoints" / name, folder / "checkpoints" / name)
     (folder / "checkpoints" / "latest.json").write_text(json.dumps({"step": at, "world_size": 2}))
