@@ -9,7 +9,7 @@ unfrozen on the same eval set. This script measures such branches, without a clo
 machine), and compares them with the whole-run prices of docs/results/calibration.json.
 
 For each regime of the calibration set and data seed:
-  ref             the unfrozen run again up to the last branch point, checkpointing at every branch point (its
+  ref-f{F}        the unfrozen run again up to the last branch point, checkpointing at every branch point (its
                   eval losses must equal the calibration set's unfrozen run's to the bit: resuming is exact);
   t{T}/{cell}-f{F}  a copy of ref's checkpoint at step T, resumed (`tfrun train --resume`) with the cell's plan
                   (`--freeze plan --plan`, the calibration set's plan file) and freeze seed F for 2K steps,
@@ -66,9 +66,10 @@ def _evals(folder: Path) -> dict[int, float]:
     return {row["step"] + 1: row["eval_loss"] for row in _metrics(folder) if row.get("eval_loss") is not None}
 
 
-def reference(calib: Path, where: Path, regime: dict, seed: int, last: int) -> Path:
-    """The unfrozen run again to step `last`, checkpointed on the eval grid; checked against the calibration set's."""
-    ref, none = where / "ref", calib / f"seed{seed}" / "none"
+def reference(calib: Path, where: Path, regime: dict, seed: int, last: int, freeze_seed: int) -> Path:
+    """The unfrozen run again to step `last`, checkpointed on the eval grid; checked against the calibration set's.
+    It names the branches' `freeze_seed` (a resumed run must keep it; an unfrozen run draws nothing with it)."""
+    ref, none = where / f"ref-f{freeze_seed}", calib / f"seed{seed}" / "none"
     if not (ref / "summary.json").exists():
         shutil.rmtree(ref, ignore_errors=True)
         config = tomllib.loads((none / "config.toml").read_text())
@@ -78,7 +79,8 @@ def reference(calib: Path, where: Path, regime: dict, seed: int, last: int) -> P
              "--steps", str(last), "--seed", str(seed), "--out", str(ref), "--quiet", "--microbatch-size",
              str(regime["mb"]), "--seq-len", str(config["seq-len"]), "--lr", regime["lr"], "--eval-every",
              str(regime["eval_every"]), "--eval-batches", str(regime["eval_batches"]), "--checkpoint-every",
-             str(regime["eval_every"]), "--keep-checkpoints", "0", *regime["data"], *start])
+             str(regime["eval_every"]), "--keep-checkpoints", "0", "--freeze-seed", str(freeze_seed), *regime["data"],
+             *start])
     mine, theirs = _evals(ref), _evals(none)
     differ = {s: (v, theirs.get(s)) for s, v in mine.items() if theirs.get(s) != v}
     if differ:
@@ -114,9 +116,9 @@ def measure(calib: Path, out: Path, name: str, seeds: list[int], freeze_seeds: l
     k = regime["eval_every"]
     for seed in seeds:
         where = out / name / f"seed{seed}"
-        ref = reference(calib / name, where, regime, seed, max(BRANCHES[name]))
-        for at in BRANCHES[name]:
-            for f in freeze_seeds:
+        for f in freeze_seeds:
+            ref = reference(calib / name, where, regime, seed, max(BRANCHES[name]), f)
+            for at in BRANCHES[name]:
                 for cell in CELLS:
                     folder = where / f"t{at}" / f"{cell}-f{f}"
                     branch(ref, folder, at, 2 * k, calib / name / "plans" / f"{cell}.json", f)
