@@ -99,6 +99,13 @@ def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_see
     (folder / "config.toml").write_text("\n".join(config) + "\n")
     name = f"step{at:07d}"
     shutil.copytree(ref / "checkpoints" / name, folder / "checkpoints" / name)
+    # A branch changes what a resume must keep (tfrun.records.provenance Note [resume identity]: the plan, --freeze):
+    # deliberately here, so the copy's index forgets those fields, as a checkpoint from before them would.
+    index_path = folder / "checkpoints" / name / "index.json"
+    index = json.loads(index_path.read_text())
+    for field in ("plan_hash", "freeze", "freeze_seed"):
+        index["run"].pop(field, None)
+    index_path.write_text(json.dumps(index, indent=1))
     (folder / "checkpoints" / "latest.json").write_text(json.dumps({"step": at, "world_size": 2}))
     run(["tfrun", "train", "--resume", str(folder), "--steps", str(at + length), "--freeze", "plan", "--plan",
          str(plan), "--freeze-seed", str(freeze_seed), "--quiet"])
