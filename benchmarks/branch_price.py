@@ -36,6 +36,7 @@ models it is compared with: adam (the planner's), 3 of 9 held-out cells within t
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import statistics
@@ -48,6 +49,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from calibration import REGIMES, run  # noqa: E402
+
+import torch  # noqa: E402
 
 from tfrun.records.efficiency import steps_to_reach  # noqa: E402
 
@@ -101,10 +104,19 @@ def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_see
     shutil.copytree(ref / "checkpoints" / name, folder / "checkpoints" / name)
     # A branch changes what a resume must keep (tfrun.records.provenance Note [resume identity]: the plan, --freeze):
     # deliberately here, so the copy's index forgets those fields, as a checkpoint from before them would.
+    # And each rank's freezer forgets the plan in force (ref's, which freezes nothing: it would be restored over
+    # --plan's, tfrun.freeze.freezing.Freezer.load_state_dict); its files' hashes in the index follow.
     index_path = folder / "checkpoints" / name / "index.json"
     index = json.loads(index_path.read_text())
     for field in ("plan_hash", "freeze", "freeze_seed"):
         index["run"].pop(field, None)
+    for file, entry in index["files"].items():
+        path = folder / "checkpoints" / name / file
+        state = torch.load(path, weights_only=False)
+        for key in ("ratios", "epoch", "ramp_steps", "probe"):
+            state["freezer"].pop(key, None)
+        torch.save(state, path)
+        entry.update(bytes=path.stat().st_size, sha256=hashlib.sha256(path.read_bytes()).hexdigest())
     index_path.write_text(json.dumps(index, indent=1))
     (folder / "checkpoints" / "latest.json").write_text(json.dumps({"step": at, "world_size": 2}))
     run(["tfrun", "train", "--resume", str(folder), "--steps", str(at + length), "--freeze", "plan", "--plan",
