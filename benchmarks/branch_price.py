@@ -48,9 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from calibration import REGIMES, run  # noqa: E402
-
 import torch  # noqa: E402
+from calibration import REGIMES, run  # noqa: E402
 
 from tfrun.records.efficiency import steps_to_reach  # noqa: E402
 
