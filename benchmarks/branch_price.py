@@ -90,8 +90,9 @@ def reference(calib: Path, where: Path, regime: dict, seed: int, last: int, free
     return ref
 
 
-def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_seed: int) -> None:
-    """ref's checkpoint at step `at`, resumed with `plan` for `length` steps into `folder` (skipped when done)."""
+def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_seed: int, extra: list[str]) -> None:
+    """ref's checkpoint at step `at`, resumed with `plan` (and the options `extra`) for `length` steps into
+    `folder` (skipped when done)."""
     if (folder / "summary.json").exists():
         return
     shutil.rmtree(folder, ignore_errors=True)
@@ -107,7 +108,7 @@ def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_see
     # --plan's, tfrun.freeze.freezing.Freezer.load_state_dict); its files' hashes in the index follow.
     index_path = folder / "checkpoints" / name / "index.json"
     index = json.loads(index_path.read_text())
-    for field in ("plan_hash", "freeze", "freeze_seed"):
+    for field in ("plan_hash", "freeze", "freeze_seed", "grad_rescale"):
         index["run"].pop(field, None)
     for file, entry in index["files"].items():
         path = folder / "checkpoints" / name / file
@@ -119,7 +120,7 @@ def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_see
     index_path.write_text(json.dumps(index, indent=1))
     (folder / "checkpoints" / "latest.json").write_text(json.dumps({"step": at, "world_size": 2}))
     run(["tfrun", "train", "--resume", str(folder), "--steps", str(at + length), "--freeze", "plan", "--plan",
-         str(plan), "--freeze-seed", str(freeze_seed), "--quiet"])
+         str(plan), "--freeze-seed", str(freeze_seed), "--quiet", *extra])
 
 
 def price(base: dict[int, float], at: int, k: int, loss: float) -> float | None:
@@ -129,7 +130,7 @@ def price(base: dict[int, float], at: int, k: int, loss: float) -> float | None:
     return None if reached is None else (reached - at) / k
 
 
-def measure(calib: Path, out: Path, name: str, seeds: list[int], freeze_seeds: list[int]) -> None:
+def measure(calib: Path, out: Path, name: str, seeds: list[int], freeze_seeds: list[int], cells: list[str]) -> None:
     regime = REGIMES[name]
     k = regime["eval_every"]
     for seed in seeds:
@@ -137,9 +138,11 @@ def measure(calib: Path, out: Path, name: str, seeds: list[int], freeze_seeds: l
         for f in freeze_seeds:
             ref = reference(calib / name, where, regime, seed, max(BRANCHES[name]), f)
             for at in BRANCHES[name]:
-                for cell in CELLS:
+                for cell in cells:
                     folder = where / f"t{at}" / f"{cell}-f{f}"
-                    branch(ref, folder, at, 2 * k, calib / name / "plans" / f"{cell}.json", f)
+                    plan, _, variant = cell.partition("+")
+                    extra = {"": [], "rescale": ["--grad-rescale"]}[variant]
+                    branch(ref, folder, at, 2 * k, calib / name / "plans" / f"{plan}.json", f, extra)
                     print(f"{folder}: eval " + ", ".join(f"{s}: {v:.4f}" for s, v in sorted(_evals(folder).items())),
                           flush=True)
 
@@ -168,13 +171,13 @@ def report(calib: Path, out: Path, json_out: Path | None) -> None:
     whole = {(c["regime"], c["data_seed"], c["cell"]): c
              for c in json.loads((ROOT / "docs/results/calibration.json").read_text())["cells"]}
     measured = rows(calib, out)
-    print("regime    seed  T    cell      f  e(K)   e(2K)  whole-run efficiency [tolerance]  adam  first-30%")
+    print("regime    seed  T    cell            f  e(K)   e(2K)  whole-run efficiency [tolerance]  adam  first-30%")
     for r in measured:
-        c = whole.get((r["regime"], r["data_seed"], r["cell"]))
+        c = whole.get((r["regime"], r["data_seed"], r["cell"].partition("+")[0]))
         fmt = lambda v: "  -  " if v is None else f"{v:5.2f}"  # noqa: E731
         ref = "" if c is None else (f"{c['efficiency']:.2f} [{max(c.get('spread') or 0.0, 0.05):.2f}]"
                                     f"                   {c['predicted']['adam']:.2f}  {c['predicted']['branch']:.2f}")
-        print(f"{r['regime']:9} {r['data_seed']:4}  {r['at']:<4} {r['cell']:9} {r['freeze_seed']}  {fmt(r['e1'])}  "
+        print(f"{r['regime']:9} {r['data_seed']:4}  {r['at']:<4} {r['cell']:15} {r['freeze_seed']}  {fmt(r['e1'])}  "
               f"{fmt(r['e2'])}  {ref}")
     print("\nper (T, k): mean |residual| on the fit seed (0) per regime, worst; held out (seed 1): within tolerance")
     choices = []
@@ -214,6 +217,8 @@ def main() -> None:
     ap.add_argument("--regime", choices=sorted(BRANCHES))
     ap.add_argument("--data-seeds", default="0,1")
     ap.add_argument("--freeze-seeds", default="0")
+    ap.add_argument("--cells", default=",".join(CELLS), help="comma-separated; CELL+rescale: with --grad-rescale "
+                    "(a variant: shown beside its cell's whole-run price, left out of the rule)")
     ap.add_argument("--report", action="store_true", help="print the table of the branches measured so far")
     ap.add_argument("--json", default=None, help="with --report: also write the rows here")
     args = ap.parse_args()
@@ -224,7 +229,7 @@ def main() -> None:
     if args.regime is None:
         sys.exit("--regime is required unless --report")
     measure(calib, out, args.regime, [int(s) for s in args.data_seeds.split(",")],
-            [int(f) for f in args.freeze_seeds.split(",")])
+            [int(f) for f in args.freeze_seeds.split(",")], args.cells.split(","))
 
 
 if __name__ == "__main__":
