@@ -90,9 +90,10 @@ def reference(calib: Path, where: Path, regime: dict, seed: int, last: int, free
     return ref
 
 
-def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_seed: int, extra: list[str]) -> None:
+def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_seed: int, extra: list[str],
+           v_scale: list[float] | None = None) -> None:
     """ref's checkpoint at step `at`, resumed with `plan` (and the options `extra`) for `length` steps into
-    `folder` (skipped when done)."""
+    `folder` (skipped when done); `v_scale`: each stage's Adam second moments multiplied by it at the switch."""
     if (folder / "summary.json").exists():
         return
     shutil.rmtree(folder, ignore_errors=True)
@@ -115,12 +116,32 @@ def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_see
         state = torch.load(path, weights_only=False)
         for key in ("ratios", "epoch", "ramp_steps", "probe"):
             state["freezer"].pop(key, None)
+        if v_scale is not None:  # (1F1B on 2 ranks: rank r holds stage r)
+            for moments in state["optimizer"]["state"].values():
+                moments["exp_avg_sq"].mul_(v_scale[int(file[4:-3])])
         torch.save(state, path)
         entry.update(bytes=path.stat().st_size, sha256=hashlib.sha256(path.read_bytes()).hexdigest())
     index_path.write_text(json.dumps(index, indent=1))
     (folder / "checkpoints" / "latest.json").write_text(json.dumps({"step": at, "world_size": 2}))
     run(["tfrun", "train", "--resume", str(folder), "--steps", str(at + length), "--freeze", "plan", "--plan",
          str(plan), "--freeze-seed", str(freeze_seed), "--quiet", *extra])
+
+
+def v_scale(ref: Path, at: int, plan: Path) -> list[float]:
+    """Per stage, what a switch to `plan` does to a gradient's expected square under --grad-rescale (Note in the
+    module docstring, variant rescalev): (1 + phi / c) / (1 + phi), phi the stage's noise scale over the batch
+    (median of ref's last four measurements before `at`), c = 1 - the plan's mean ratio (the share of
+    micro-batches a tensor's mean is taken over)."""
+    from tfplan.plan import plan as plan_mod
+
+    measured = [row for row in _metrics(ref) if row.get("noise_scale_tokens") and row["step"] < at][-4:]
+    means = plan_mod.load(plan).mean_ratio_per_stage()
+    scales = []
+    for s, ratio in enumerate(means):
+        phi = statistics.median(row["noise_scale_tokens"][s] for row in measured) / measured[-1]["tokens"]
+        c = max(1.0 - ratio, 1e-3)
+        scales.append((1.0 + phi / c) / (1.0 + phi))
+    return scales
 
 
 def price(base: dict[int, float], at: int, k: int, loss: float) -> float | None:
@@ -141,8 +162,10 @@ def measure(calib: Path, out: Path, name: str, seeds: list[int], freeze_seeds: l
                 for cell in cells:
                     folder = where / f"t{at}" / f"{cell}-f{f}"
                     plan, _, variant = cell.partition("+")
-                    extra = {"": [], "rescale": ["--grad-rescale"]}[variant]
-                    branch(ref, folder, at, 2 * k, calib / name / "plans" / f"{plan}.json", f, extra)
+                    extra = {"": [], "rescale": ["--grad-rescale"], "rescalev": ["--grad-rescale"]}[variant]
+                    path = calib / name / "plans" / f"{plan}.json"
+                    scale = v_scale(ref, at, path) if variant == "rescalev" else None
+                    branch(ref, folder, at, 2 * k, path, f, extra, scale)
                     print(f"{folder}: eval " + ", ".join(f"{s}: {v:.4f}" for s, v in sorted(_evals(folder).items())),
                           flush=True)
 
@@ -217,8 +240,10 @@ def main() -> None:
     ap.add_argument("--regime", choices=sorted(BRANCHES))
     ap.add_argument("--data-seeds", default="0,1")
     ap.add_argument("--freeze-seeds", default="0")
-    ap.add_argument("--cells", default=",".join(CELLS), help="comma-separated; CELL+rescale: with --grad-rescale "
-                    "(a variant: shown beside its cell's whole-run price, left out of the rule)")
+    ap.add_argument("--cells", default=",".join(CELLS),
+                    help="comma-separated; CELL+rescale: with --grad-rescale; CELL+rescalev: also Adam's "
+                    "second moments scaled at the switch (v_scale); variants are shown beside their cell's "
+                    "whole-run price and left out of the rule")
     ap.add_argument("--report", action="store_true", help="print the table of the branches measured so far")
     ap.add_argument("--json", default=None, help="with --report: also write the rows here")
     args = ap.parse_args()
