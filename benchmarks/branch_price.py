@@ -17,7 +17,8 @@ For each regime of the calibration set and data seed:
 The branch's price at length k (K or 2K) is e = s(L) / k, where L is the branch's eval loss after k steps and
 s(L) the steps the unfrozen run needs from T to reach L (linear between its evaluations on its running minimum,
 tfrun.records.efficiency.steps_to_reach, on the calibration set's unfrozen curve, whose evaluations fall on the
-same steps). A branch that loses progress reads e < 1; one that ends below the unfrozen curve's reach reads None.
+same steps). A branch that loses progress reads e < 1, one that ends above the loss it started from e < 0 (at
+the unfrozen curve's first slope), one that ends below the unfrozen curve's reach None.
 
 Cells: the held-out cells of the calibration set (cap-0.9, s0-0.6, s1-0.6, whose whole-run prices exist at both
 data seeds) and a control, s1-0.05 (5% of stage 1's micro-batches: the branch's own trajectory floor).
@@ -147,6 +148,9 @@ def v_scale(ref: Path, at: int, plan: Path) -> list[float]:
 def price(base: dict[int, float], at: int, k: int, loss: float) -> float | None:
     """The branch's efficiency after k steps from `at`: steps the unfrozen curve needs from `at` to reach `loss`."""
     curve = sorted((s, v) for s, v in base.items() if s >= at)
+    if loss > curve[0][1] and curve[1][1] < curve[0][1]:  # lost ground: negative, at the curve's first slope
+        (s0, v0), (s1, v1) = curve[:2]
+        return -(loss - v0) / (v0 - v1) * (s1 - s0) / k
     reached = steps_to_reach(curve, loss)
     return None if reached is None else (reached - at) / k
 
@@ -170,6 +174,21 @@ def measure(calib: Path, out: Path, name: str, seeds: list[int], freeze_seeds: l
                           flush=True)
 
 
+def local_price(calib: Path, name: str, seed: int, cell: str, at: int, k: int) -> float | None:
+    """The cell's own run (frozen from step 0, the calibration set's, median over its freeze seeds): the unfrozen
+    steps its eval loss advanced by between `at` and `at + k`, over k (its local efficiency there; exploratory,
+    not part of the rule)."""
+    base = sorted(_evals(calib / name / f"seed{seed}" / "none").items())
+    values = []
+    for run_dir in sorted((calib / name / f"seed{seed}").glob(f"{cell}-f*")):
+        evals = _evals(run_dir)
+        if at in evals and at + k in evals:
+            start, end = steps_to_reach(base, evals[at]), steps_to_reach(base, evals[at + k])
+            if start is not None and end is not None:
+                values.append((end - start) / k)
+    return statistics.median(values) if values else None
+
+
 def rows(calib: Path, out: Path) -> list[dict]:
     """One row per branch run measured: regime, data seed, T, cell, freeze seed, price at K and 2K."""
     found = []
@@ -186,7 +205,8 @@ def rows(calib: Path, out: Path) -> list[dict]:
                     evals = _evals(folder)
                     found.append({"regime": name, "data_seed": seed, "at": at, "cell": cell, "freeze_seed": int(f),
                                   **{f"e{n}": price(base, at, n * k, evals[at + n * k]) if at + n * k in evals
-                                     else None for n in (1, 2)}})
+                                     else None for n in (1, 2)},
+                                  "local2": local_price(calib, name, seed, cell.partition("+")[0], at, 2 * k)})
     return found
 
 
@@ -194,14 +214,15 @@ def report(calib: Path, out: Path, json_out: Path | None) -> None:
     whole = {(c["regime"], c["data_seed"], c["cell"]): c
              for c in json.loads((ROOT / "docs/results/calibration.json").read_text())["cells"]}
     measured = rows(calib, out)
-    print("regime    seed  T    cell            f  e(K)   e(2K)  whole-run efficiency [tolerance]  adam  first-30%")
+    print("regime    seed  T    cell            f  e(K)   e(2K)  cell's own over [T, T+2K]  whole-run efficiency "
+          "[tolerance]  adam  first-30%")
     for r in measured:
         c = whole.get((r["regime"], r["data_seed"], r["cell"].partition("+")[0]))
         fmt = lambda v: "  -  " if v is None else f"{v:5.2f}"  # noqa: E731
         ref = "" if c is None else (f"{c['efficiency']:.2f} [{max(c.get('spread') or 0.0, 0.05):.2f}]"
                                     f"                   {c['predicted']['adam']:.2f}  {c['predicted']['branch']:.2f}")
-        print(f"{r['regime']:9} {r['data_seed']:4}  {r['at']:<4} {r['cell']:15} {r['freeze_seed']}  {fmt(r['e1'])}  "
-              f"{fmt(r['e2'])}  {ref}")
+        print(f"{r['regime']:9} {r['data_seed']:4}  {r['at']:<4} {r['cell']:16} {r['freeze_seed']}  {fmt(r['e1'])}  "
+              f"{fmt(r['e2'])}  {fmt(r['local2'])}                      {ref}")
     print("\nper (T, k): mean |residual| on the fit seed (0) per regime, worst; held out (seed 1): within tolerance")
     choices = []
     for at_i in range(2):
@@ -229,6 +250,16 @@ def report(calib: Path, out: Path, json_out: Path | None) -> None:
     if choices:
         worst, at_i, n = min(choices)
         print(f"chosen by the rule: T {'early' if at_i == 0 else 'mid'}, k = {n}K (worst fit regime {worst:.3f})")
+    print("\nexploratory (not the rule): e(2K) against the cell's own run over [T, T+2K], both data seeds and "
+          "points: mean difference, mean |difference|, pairs")
+    for variant in ("", "rescale", "rescalev"):
+        for name in BRANCHES:
+            diffs = [r["e2"] - r["local2"] for r in measured if r["regime"] == name and r["e2"] is not None
+                     and r["local2"] is not None and r["cell"].partition("+")[2] == variant
+                     and r["cell"].partition("+")[0] != CONTROL]
+            if diffs:
+                print(f"  {variant or 'plain':8} {name:9} {statistics.mean(diffs):+.3f}  "
+                      f"{statistics.mean(abs(d) for d in diffs):.3f}  {len(diffs)}")
     if json_out is not None:
         json_out.write_text(json.dumps({"branches": BRANCHES, "rows": measured}, indent=1) + "\n")
 
