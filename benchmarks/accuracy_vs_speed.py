@@ -25,7 +25,11 @@ timely-goodput-seeded-auto (the same with the default freeze policy, auto, in pl
 timely-goodput-seeded-rescale and goodput-rescale (the seeded online mode and the fixed goodput plan with
 --grad-rescale: each tensor's gradient the mean over the micro-batches that reached it, not the sum over them / M);
 the ablations timely-goodput-seeded-nowarmup (--warmup-steps 0: the seed plan in force from step 0) and
-timely-goodput-seeded-inert (also no noise measurement and no drift re-plans: the fixed plan run by the online mode).
+timely-goodput-seeded-inert (also no noise measurement and no drift re-plans: the fixed plan run by the online mode);
+timely-goodput-seeded-nowarmup-rescale (no warm-up, with --grad-rescale: its measured steps, which leave whole
+micro-batches unfrozen, then no longer change a gradient's scale against Adam's second moment; docs/results.md, "A
+paired branch as the learning price"; rule fixed at 10:32 UTC 2026-12-07 before it ran: better than
+-nowarmup at all three scratch seeds, then crossing and fine-tuning held out).
 
 Equal time is measured twice: raw (each run's own wall time, which carries the machine's drift between runs) and
 paired (`tfrun retime` over all of a seed's runs at once, then `tfrun compare --paired`: tfrun.retime Note
@@ -94,6 +98,8 @@ METHODS = {  # name -> (freeze mode, cap, extra options); goodput: a plan solved
     "goodput-rescale": ("plan", 0.9, ["--grad-rescale"]),
     "timely-goodput-seeded-nowarmup": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
                                                        "--warmup-steps", "0"]),
+    "timely-goodput-seeded-nowarmup-rescale": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
+                                                               "--warmup-steps", "0", "--grad-rescale"]),
     "timely-goodput-seeded-inert": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
                                                     "--warmup-steps", "0", "--noise-every", "0",
                                                     "--noise-replan-z", "0", "--replan-threshold", "100"]),
