@@ -30,7 +30,16 @@ count as within tolerance as the calibration report counts them (max(the freeze 
 models it is compared with: adam (the planner's), 3 of 9 held-out cells within tolerance, and the run's own first
 30% (`branch` in docs/results/calibration.json), 4 of 9.
 
+Variants and an exploratory comparison, added after the rule's result (docs/results.md, "A paired branch as the
+learning price"): `CELL+rescale` runs the branch with --grad-rescale, `CELL+rescalev` also multiplies each stage's
+Adam second moments at the switch by (1 + phi / c) / (1 + phi) (v_scale: what rescaling does to a gradient's
+expected square, phi the stage's noise scale over the batch, c the unfrozen share); the report then sets every
+branch beside the cell's own run over the same steps (local_price), which is frozen from step 0 and so never
+switches.
+
     python benchmarks/branch_price.py --calib runs/calib --out runs/branch --regime scratch --data-seeds 0,1
+    python benchmarks/branch_price.py --calib runs/calib --out runs/branch --regime scratch \
+        --cells cap-0.9+rescale,s0-0.6+rescale,s1-0.6+rescale
     python benchmarks/branch_price.py --calib runs/calib --out runs/branch --report   # the table
 """
 
@@ -129,8 +138,8 @@ def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_see
 
 
 def v_scale(ref: Path, at: int, plan: Path) -> list[float]:
-    """Per stage, what a switch to `plan` does to a gradient's expected square under --grad-rescale (Note in the
-    module docstring, variant rescalev): (1 + phi / c) / (1 + phi), phi the stage's noise scale over the batch
+    """Per stage, what a switch to `plan` does to a gradient's expected square under --grad-rescale (the variant
+    rescalev): (1 + phi / c) / (1 + phi), phi the stage's noise scale over the batch
     (median of ref's last four measurements before `at`), c = 1 - the plan's mean ratio (the share of
     micro-batches a tensor's mean is taken over)."""
     from tfplan.plan import plan as plan_mod
