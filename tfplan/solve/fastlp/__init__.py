@@ -63,9 +63,9 @@ Note [periodic compression]
   (bound.py, Note [LP certificate] in tfplan.solve.lp): GLOP's tolerances and the ties can only loosen it.
   Exactness. A phase is certified (OPTIMAL) when U - L <= gap_tol max(1, |U|) (tfplan.solve.lp: 1e-9, phase 3
   1e-7): the phase reports max(U, L) and its gap U - L, and the last phase's tied primal solution, expanded
-  to every action, is the plan. Otherwise the margins grow (2 margin + 1, in phases 2-3 at least the runs'
-  median, Note [lagging runs]; the primal's and the dual's each on its own, Note [two margins], both in
-  margins.py) and the phase is solved again; once nothing is tied, the tied primal is the full LP and its
+  to every action, is the plan. Otherwise the margins grow (2 margin + 1, in phase 3 by half, Note [phase 3
+  growth]; in phases 2-3 at least the runs' median, Note [lagging runs]; the primal's and the dual's each on its
+  own, Note [two margins]; all in margins.py) and the phase is solved again; once nothing is tied, the tied primal is the full LP and its
   own row duals give L. Both bounds hold for any choice of ties, so a wrong guess of the structure costs
   time, never correctness. The two LPs of a margin are solved in two threads (GLOP releases the GIL).
   Time limit. Every GLOP call gets what is left of the solve's time limit. When it runs out, the solve stops

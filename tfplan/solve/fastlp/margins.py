@@ -49,6 +49,19 @@ Note [catch-up rounds]
   2 certified at 20k and 11k columns (fastlp.solve 183 -> 13.5 s and 22.7 -> 11.6 s, with Note [kept compression]
   in tfplan.solve.fastlp.rounds; the same optima). A dual behind by fewer than CATCH_UP_SHARE of its own periods
   is not caught up alone at all: such a round costs a tied dual solve (0.5-1 s there) and changes a few runs.
+
+Note [phase 3 growth]
+  Phase 3 grows its margins by half (m -> ceil(1.5 m) + 1), not doubling as phases 1-2 do. Where phase 3 needs a
+  second margin at all, its first (phase 2's) falls short by little, and that second round is the costliest of a
+  solve: through phase 2 at the new margin, then phase 3's LPs from those bases (Note [phase 3 through phase 2] in
+  tfplan.solve.fastlp.phases), GLOP's time growing faster than the columns. On the three hard instances of
+  benchmarks/solver_scale.py whose phase 3 needed a second margin (1F1B 32 x 16384, cap 0.9; fastlp.solve, one run
+  each, alone on the 2-core machine, 2026-12-07 10:35-10:45 UTC; phase 3's seconds, its last LP's columns): seed 27
+  16.2 s at 14,859 columns doubling, 11.5 s at 11,672 growing by half; seed 28 10.9 s (13,393) against 7.9 s
+  (10,566); seed 15 6.5 s against 5.4 s (the dual alone grew there). Each certified at its second margin, with the
+  same optimum to the tolerance (seed 27 786.28907002 and 786.28905945, seed 28 637.36731528 and 637.36729450:
+  3.3e-8 relative). Growing by a quarter cost seed 28 a third round (12.0 s). Phases 1-2 keep doubling: their
+  rounds are cheap, and fewer of them is what counts there.
 """
 
 from __future__ import annotations
@@ -62,6 +75,8 @@ from tfplan.solve.fastlp.graph import GraphArrays, Runs, Ties
 from tfplan.solve.fastlp.tied import Compressed
 from tfplan.step.dag import Dag
 
+PHASE3_GROWTH = 1.5
+"""Phase 3 grows a margin m to ceil(1.5 m) + 1 rather than 2 m + 1 (Note [phase 3 growth])."""
 CATCH_UP_SHARE = 0.1
 """A dual behind the primal's margin by fewer periods than this share of its own is not caught up alone first (Note
 [catch-up rounds])."""
@@ -72,7 +87,8 @@ class Margins:
 
     A margin is a pair of (num_runs,) arrays: periods left untied at the head and at the tail of each run.
     Phase 1 starts at `first` everywhere. Phases 2-3 start at the cheaper (fewer untied actions) of `later`
-    everywhere and the time-aligned margins of aligned_margins. A gap grows a margin to 2 m + 1 (in phases 2-3
+    everywhere and the time-aligned margins of aligned_margins. A gap grows a margin to 2 m + 1 (phase 3: Note [phase 3
+    growth]; in phases 2-3
     each end at least the median over the runs, Note [lagging runs]); None stands for "nothing tied" (the full
     LP). `current` is the tied primal's margin, `dual` the tied
     dual's (Note [two margins]); the dual's is never None (an untied primal certifies itself).
@@ -92,6 +108,7 @@ class Margins:
         self._catch_up = False  # the dual was handed a smaller margin than the primal's (Note [two margins])
         self.caught_up = False  # the last advance only caught the dual up (Note [catch-up rounds])
         self._lift = False  # phases 2-3: a grown margin lifts the runs that lag (Note [lagging runs])
+        self._growth = 2.0  # m -> growth m + 1 (phase 3: PHASE3_GROWTH, Note [phase 3 growth])
         self._compressed: dict[object, Compressed] = {}  # the primal's (current) and the last other one
         self._windows: dict[str, Windows] = {}
 
@@ -110,6 +127,7 @@ class Margins:
     def start(self, phase: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The primal's margin for `phase` (also moves the dual's to at least the phase's starting margin)."""
         self._lift = phase > 1
+        self._growth = PHASE3_GROWTH if phase == 3 else 2.0
         if phase > 1 and self.current is not None:
             best = min(self.candidates, key=lambda m: self._untied(m))
             self.current = (np.maximum(self.current[0], best[0]), np.maximum(self.current[1], best[1]))
@@ -183,9 +201,9 @@ class Margins:
         return grown if self.runs.ties(self.g.n, grown).num_tied else None
 
     def _doubled(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """2 m + 1 per run and end; in phases 2-3 each end also at least the median of that over the runs (Note
-        [lagging runs])."""
-        head, tail = 2 * margin[0] + 1, 2 * margin[1] + 1
+        """2 m + 1 per run and end (phase 3: ceil(1.5 m) + 1, Note [phase 3 growth]); in phases 2-3 each end also at
+        least the median of that over the runs (Note [lagging runs])."""
+        head, tail = (np.ceil(self._growth * m).astype(np.int64) + 1 for m in margin)
         if self._lift and len(head):
             head = np.maximum(head, int(np.median(head)))
             tail = np.maximum(tail, int(np.median(tail)))
