@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import PROFILES
@@ -169,6 +169,7 @@ def _random_instance(seed: int) -> tuple[dag_mod.Dag, list[float]]:
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
+@example(seed=317661)  # the reference LP's own feasibility tolerance once showed in phase 3 (independent_lp.py)
 def test_solution_agrees_with_independent_lp(seed: int) -> None:
     dag, caps = _random_instance(seed)
     sol = solver.solve(dag, caps)

@@ -62,6 +62,16 @@ Note [phase 3 growth]
   same optimum to the tolerance (seed 27 786.28907002 and 786.28905945, seed 28 637.36731528 and 637.36729450:
   3.3e-8 relative). Growing by a quarter cost seed 28 a third round (12.0 s). Phases 1-2 keep doubling: their
   rounds are cheap, and fewer of them is what counts there.
+
+Note [phase 1's start]
+  Phase 1 starts where phases 2-3 do (the cheaper of the stage count and the time-aligned margins), not at 2
+  periods. Its rounds are cheap in GLOP but not in Python (each builds a compression, a tied dual's rows and a safe
+  bound over every action), and on the hard instances of benchmarks/solver_scale.py with a p2p lag its optimum
+  needed four (2, 5, 11, 23 periods on seed 27); phase 2 then starts at phase 1's compression. Measured with
+  fastlp.solve (one run each, alone, 2026-12-07 10:48 UTC; seconds of phases 1 / 2 / 3): seed 27 7.3 / 2.5 / 13.7 ->
+  3.3 / 1.5 / 11.5 (26.2 -> 18.8 s), seed 24 3.3 / 2.1 / 0.5 -> 2.5 / 0.7 / 0.6 (7.6 -> 5.7 s), the same optima to
+  the tolerances. The whole command on all of benchmarks/solver_scale.py's figures: docs/benchmarks.md, "Hard
+  instances, phase 1's start and phase 3's growth".
 """
 
 from __future__ import annotations
@@ -86,15 +96,15 @@ class Margins:
     """The margin schedule and the current compression (Note [periodic compression], Margins).
 
     A margin is a pair of (num_runs,) arrays: periods left untied at the head and at the tail of each run.
-    Phase 1 starts at `first` everywhere. Phases 2-3 start at the cheaper (fewer untied actions) of `later`
-    everywhere and the time-aligned margins of aligned_margins. A gap grows a margin to 2 m + 1 (phase 3: Note [phase 3
-    growth]; in phases 2-3
-    each end at least the median over the runs, Note [lagging runs]); None stands for "nothing tied" (the full
-    LP). `current` is the tied primal's margin, `dual` the tied
-    dual's (Note [two margins]); the dual's is never None (an untied primal certifies itself).
+    Phases 2-3 start at the cheaper (fewer untied actions) of `later` everywhere and the time-aligned margins of
+    aligned_margins; phase 1 there too when `first` is None (Note [phase 1's start]), else at `first` everywhere.
+    A gap grows a margin to 2 m + 1 (phase 3: Note [phase 3 growth]; in phases 2-3 each end at least the median
+    over the runs, Note [lagging runs]); None stands for "nothing tied" (the full LP). `current` is the tied
+    primal's margin, `dual` the tied dual's (Note [two margins]); the dual's is never None (an untied primal
+    certifies itself).
     """
 
-    def __init__(self, dag: Dag, g: GraphArrays, runs: Runs, first: int, later: int | None,
+    def __init__(self, dag: Dag, g: GraphArrays, runs: Runs, first: int | None, later: int | None,
                  start_ms: Sequence[float]) -> None:
         self.dag, self.g, self.runs = dag, g, runs
         k = runs.num_runs
@@ -103,7 +113,8 @@ class Margins:
             aligned = aligned_margins(runs, start_ms)
             if aligned is not None:
                 self.candidates.append(aligned)
-        self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first))
+        self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first)) \
+            if first is not None else min(self.candidates, key=lambda m: self._untied(m))
         self.dual: tuple[np.ndarray, np.ndarray] = self.current
         self._catch_up = False  # the dual was handed a smaller margin than the primal's (Note [two margins])
         self.caught_up = False  # the last advance only caught the dual up (Note [catch-up rounds])
