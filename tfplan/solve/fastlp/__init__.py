@@ -73,15 +73,15 @@ Note [periodic compression]
   at the first uncertified phase and returns the best tied primal point found so far (of that phase, or of
   the last certified one) as a FEASIBLE plan with its gap, with a warning; with no feasible point at all it
   raises lp.TimeLimitReached.
-  Margins. Phase 1's optimum is often periodic at 2 periods (the goodput optimum's caps are an exception: 2 ->
-  47 periods on 1F1B 32 x 512, which is why the goodput search hands its certified phase 1 over,
-  tfplan.solve.fastlp.goodput), but it starts where phases 2-3 do (margins.py, Note [phase 1's start]): its
-  rounds cost more in Python than the larger LP costs GLOP. Phases 2-3 need more: their optima are
+  Margins. Phase 1 starts at 2 periods and usually needs no more (the goodput optimum's caps are an
+  exception: 2 -> 47 periods on 1F1B 32 x 512, which is why the goodput search hands its certified phase 1
+  over, tfplan.solve.fastlp.goodput); where it does, it grows at once to where phases 2-3 start (Note [phase 1's
+  growth] in margins.py). Phases 2-3 need more: their optima are
   periodic only after the pipeline's fill and before its drain, and in between a stage with slack unfreezes
   a block of about S (stages) of its last steady-state actions (measured: uniform 1F1B 8 x 96 needs 8,
   heterogeneous 32 x 512 needs 32; too small a margin shows as U > L and costs a round). They start at the
   cheaper of S for every run and margins aligned on the unfrozen schedule's timing (margins.aligned_margins:
-  1F1B 32 x 512 then needs 5.2k LP columns instead of 7.8k), as does phase 1. The LPs have O(S^2) columns whatever M is:
+  1F1B 32 x 512 then needs 5.2k LP columns instead of 7.8k). The LPs have O(S^2) columns whatever M is:
   1F1B 32 x 512 and 32 x 16384 solve LPs of the same size, and 64 stages (~30k columns) take GLOP minutes.
   The phases are chained as in Note [three-phase LP] (tfplan.solve.lp): phase 2 bounds T by T1 (1 + 1e-9),
   phase 3 the total freeze by R2 (1 + 1e-9) + 1e-9, with T1 and R2 the certified optima.

@@ -19,8 +19,7 @@ import numpy as np
 from tfplan.step.dag import Dag
 
 FIRST_MARGIN = 2
-"""Periods left untied at each end of a run by which Runs.detect compares periods (phase 1's first margin until
-2026-12-07, tfplan.solve.fastlp.margins Note [phase 1's start])."""
+"""Periods left untied at each end of a run in phase 1's first round (tfplan.solve.fastlp.phases.solve's default)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -63,15 +63,14 @@ Note [phase 3 growth]
   3.3e-8 relative). Growing by a quarter cost seed 28 a third round (12.0 s). Phases 1-2 keep doubling: their
   rounds are cheap, and fewer of them is what counts there.
 
-Note [phase 1's start]
-  Phase 1 starts where phases 2-3 do (the cheaper of the stage count and the time-aligned margins), not at 2
-  periods. Its rounds are cheap in GLOP but not in Python (each builds a compression, a tied dual's rows and a safe
-  bound over every action), and on the hard instances of benchmarks/solver_scale.py with a p2p lag its optimum
-  needed four (2, 5, 11, 23 periods on seed 27); phase 2 then starts at phase 1's compression. Measured with
-  fastlp.solve (one run each, alone, 2026-12-07 10:48 UTC; seconds of phases 1 / 2 / 3): seed 27 7.3 / 2.5 / 13.7 ->
-  3.3 / 1.5 / 11.5 (26.2 -> 18.8 s), seed 24 3.3 / 2.1 / 0.5 -> 2.5 / 0.7 / 0.6 (7.6 -> 5.7 s), the same optima to
-  the tolerances. The whole command on all of benchmarks/solver_scale.py's figures: docs/benchmarks.md, "Hard
-  instances, phase 1's start and phase 3's growth".
+Note [phase 1's growth]
+  Phase 1 starts at 2 periods, and at its first gap grows to at least where phases 2-3 start (the cheaper of the
+  stage count and the time-aligned margins), not to 5. Its rounds are cheap in GLOP but not in Python (each builds
+  a compression, a tied dual's rows and a safe bound over every action), and on the hard instances of
+  benchmarks/solver_scale.py with a p2p lag its optimum needed four (2, 5, 11, 23 periods on seed 27); phase 2
+  then starts at phase 1's compression. Where 2 periods certify, as on uniform 1F1B 32 x 512, nothing changes:
+  started at phases 2-3's margin instead, phase 1 took 1.5 s there against 0.19 s (fastlp.solve 1.6 -> 2.8 s).
+  Measured: docs/benchmarks.md, "Hard instances, phase 1's growth and phase 3's".
 """
 
 from __future__ import annotations
@@ -96,15 +95,15 @@ class Margins:
     """The margin schedule and the current compression (Note [periodic compression], Margins).
 
     A margin is a pair of (num_runs,) arrays: periods left untied at the head and at the tail of each run.
-    Phases 2-3 start at the cheaper (fewer untied actions) of `later` everywhere and the time-aligned margins of
-    aligned_margins; phase 1 there too when `first` is None (Note [phase 1's start]), else at `first` everywhere.
-    A gap grows a margin to 2 m + 1 (phase 3: Note [phase 3 growth]; in phases 2-3 each end at least the median
-    over the runs, Note [lagging runs]); None stands for "nothing tied" (the full LP). `current` is the tied
-    primal's margin, `dual` the tied dual's (Note [two margins]); the dual's is never None (an untied primal
-    certifies itself).
+    Phase 1 starts at `first` everywhere. Phases 2-3 start at the cheaper (fewer untied actions) of `later`
+    everywhere and the time-aligned margins of aligned_margins. A gap grows a margin to 2 m + 1 (phase 1: at least
+    to where phases 2-3 start, Note [phase 1's growth]; phase 3: Note [phase 3 growth]; in phases 2-3 each end at
+    least the median over the runs, Note [lagging runs]); None stands for "nothing tied" (the full LP). `current`
+    is the tied primal's margin, `dual` the tied dual's (Note [two margins]); the dual's is never None (an untied
+    primal certifies itself).
     """
 
-    def __init__(self, dag: Dag, g: GraphArrays, runs: Runs, first: int | None, later: int | None,
+    def __init__(self, dag: Dag, g: GraphArrays, runs: Runs, first: int, later: int | None,
                  start_ms: Sequence[float]) -> None:
         self.dag, self.g, self.runs = dag, g, runs
         k = runs.num_runs
@@ -113,8 +112,8 @@ class Margins:
             aligned = aligned_margins(runs, start_ms)
             if aligned is not None:
                 self.candidates.append(aligned)
-        self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first)) \
-            if first is not None else min(self.candidates, key=lambda m: self._untied(m))
+        self._later = min(self.candidates, key=lambda m: self._untied(m))  # where phases 2-3 start
+        self.current: tuple[np.ndarray, np.ndarray] | None = (np.full(k, first), np.full(k, first))
         self.dual: tuple[np.ndarray, np.ndarray] = self.current
         self._catch_up = False  # the dual was handed a smaller margin than the primal's (Note [two margins])
         self.caught_up = False  # the last advance only caught the dual up (Note [catch-up rounds])
@@ -140,7 +139,7 @@ class Margins:
         self._lift = phase > 1
         self._growth = PHASE3_GROWTH if phase == 3 else 2.0
         if phase > 1 and self.current is not None:
-            best = min(self.candidates, key=lambda m: self._untied(m))
+            best = self._later
             self.current = (np.maximum(self.current[0], best[0]), np.maximum(self.current[1], best[1]))
             dual = (np.maximum(self.dual[0], best[0]), np.maximum(self.dual[1], best[1]))
             # Per run, that maximum can tie nothing where the primal's still ties something: then the dual
@@ -212,9 +211,11 @@ class Margins:
         return grown if self.runs.ties(self.g.n, grown).num_tied else None
 
     def _doubled(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """2 m + 1 per run and end (phase 3: ceil(1.5 m) + 1, Note [phase 3 growth]); in phases 2-3 each end also at
-        least the median of that over the runs (Note [lagging runs])."""
+        """2 m + 1 per run and end (phase 3: ceil(1.5 m) + 1, Note [phase 3 growth]); in phase 1 at least where phases
+        2-3 start (Note [phase 1's growth]), in phases 2-3 at least the median over the runs (Note [lagging runs])."""
         head, tail = (np.ceil(self._growth * m).astype(np.int64) + 1 for m in margin)
+        if not self._lift:
+            head, tail = np.maximum(head, self._later[0]), np.maximum(tail, self._later[1])
         if self._lift and len(head):
             head = np.maximum(head, int(np.median(head)))
             tail = np.maximum(tail, int(np.median(tail)))

@@ -106,7 +106,7 @@ import numpy as np
 
 from tfplan.solve.fastlp import rounds
 from tfplan.solve.fastlp.glop import PLAN_PARAMS, RETRY_PARAMS, solve_glop
-from tfplan.solve.fastlp.graph import GraphArrays, Runs, Ties
+from tfplan.solve.fastlp.graph import FIRST_MARGIN, GraphArrays, Runs, Ties
 from tfplan.solve.fastlp.margins import Margins
 from tfplan.solve.fastlp.tied import Compressed, Phase, expand_ratios, tied_primal
 from tfplan.solve.heap import release_freed_memory
@@ -133,7 +133,7 @@ SIM_TOL = 1.05e-9  # a plan's simulated makespan above T1 (1 + SIM_TOL) is re-so
 
 
 def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | None = None,
-          time_limit_s: float | None = None, *, first_margin: int | None = None, margin: int | None = None,
+          time_limit_s: float | None = None, *, first_margin: int = FIRST_MARGIN, margin: int | None = None,
           makespan: PhaseResult | None = None, handover: rounds.Handover | None = None) -> Solution:
     """Solve the three-phase LP of tfplan.solve.lp exactly, compressing repeating micro-batches.
 
@@ -144,10 +144,9 @@ def solve(dag: Dag, caps: Sequence[float] | float, target_makespan_ms: float | N
             this (phase 2 bounds T by it); must not be below the phase-1 optimum (lp.makespan_bound).
         time_limit_s: seconds for the whole solve, None for none; when reached, the best plan so far comes
             back FEASIBLE with its gap (Note [periodic compression], Time limit).
-        first_margin, margin: the margin schedule (Note [periodic compression], Margins): phases 2-3 start at
-            `margin` periods (None: the cheaper of the stage count and the time-aligned margins), phase 1 at
-            first_margin (None: where phases 2-3 start, Note [phase 1's start] in tfplan.solve.fastlp.margins).
-            Tests set them to force the margin to grow.
+        first_margin, margin: the margin schedule (Note [periodic compression], Margins): phase 1 starts at
+            first_margin periods, phases 2-3 at `margin` (None: the cheaper of the stage count and the
+            time-aligned margins). Tests set them to force the margin to grow.
         makespan: phase 1's certified optimum at these caps, found by the caller (the goodput search, Note
             [goodput certificate] in tfplan.solve.fastlp.goodput): phase 1 is not solved again.
         handover: with `makespan`, the bases phase 2 starts from (the goodput search's, Note [goodput handover]).

@@ -53,7 +53,7 @@ def test_primal_and_dual_margins_grow_apart(monkeypatch) -> None:
     monkeypatch.setattr(Margins, "grow", lambda self, m: grown.append("primal") or grow(self, m))
     monkeypatch.setattr(Margins, "grow_dual", lambda self, cap=None: grown.append("dual") or grow_dual(self, cap))
     monkeypatch.setattr(rounds, "phase3_basis", lambda *args: warm.append(True) or basis(*args))
-    got = fastlp.solve(dag, 0.9, None, first_margin=2, margin=1)  # (phase 1 at 2 periods: the scenario's start)
+    got = fastlp.solve(dag, 0.9, None, margin=1)
     ref = solver.solve(dag, 0.9)
     for mine, theirs, rel in zip(got.phases, ref.phases, (PHASE1_REL, PHASE2_REL, PHASE3_REL)):
         assert mine.status == "OPTIMAL" and mine.objective == pytest.approx(theirs.objective, rel=rel)

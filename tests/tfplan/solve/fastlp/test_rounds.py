@@ -80,7 +80,7 @@ def test_an_unneeded_dual_is_stopped_and_the_earlier_bound_certifies(monkeypatch
 
     monkeypatch.setattr(rounds, "_lower_side", slow)
     monkeypatch.setattr(rounds, "certified", record)
-    got = fastlp.solve(dag, 0.9, None, first_margin=2, margin=1)  # (phase 1 at 2 periods: the scenario's start)
+    got = fastlp.solve(dag, 0.9, None, margin=1)
     ref = solver.solve(dag, 0.9)
     for mine, theirs, rel in zip(got.phases, ref.phases, (PHASE1_REL, PHASE2_REL, PHASE3_REL)):
         assert mine.status == "OPTIMAL" and mine.objective == pytest.approx(theirs.objective, rel=rel)
@@ -122,10 +122,10 @@ def test_phase_2s_margins_start_from_the_last_margins_point(monkeypatch) -> None
         return real(primal, x)
 
     monkeypatch.setattr(rounds, "basis_of_point", spy)
-    warm = _assert_agrees(dag, 0.9, first_margin=2, margin=1)  # (phase 1 at 2 periods: the scenario's start)
+    warm = _assert_agrees(dag, 0.9, margin=1)
     assert len(carried) == 3, "phase 2's primal margin grew three times"
     monkeypatch.setattr(rounds, "basis_of_point", lambda primal, x: None)  # each margin from scratch
-    cold = fastlp.solve(dag, 0.9, first_margin=2, margin=1)
+    cold = fastlp.solve(dag, 0.9, margin=1)
     assert cold.status == "OPTIMAL"
     assert [p.objective for p in warm.phases[:2]] == pytest.approx([p.objective for p in cold.phases[:2]], rel=1e-9)
 
