@@ -1,6 +1,6 @@
 """tfplan.solve.fastlp.margins: the margin growing after a gap until the bounds meet, the primal's and the dual's
-margins apart (Note [two margins]), lagging runs lifted to the median (Note [lagging runs]), and the dual's
-margin always tying something."""
+margins apart (Note [two margins]), lagging runs lifted to the median (Note [lagging runs]), phase 1's and phase
+3's growth (Notes [phase 1's growth], [phase 3 growth]), and the dual's margin always tying something."""
 
 from __future__ import annotations
 
@@ -152,3 +152,21 @@ def test_a_dual_a_few_periods_behind_is_not_caught_up_alone() -> None:
         margins._catch_up = True
         assert margins.advance(True, True) == ((False, True) if caught else (True, True))
         assert margins.caught_up == caught
+
+
+def test_phase_1_grows_at_once_to_where_phases_2_and_3_start() -> None:
+    # Note [phase 1's growth]: phase 1 starts at `first` periods; at its first gap it grows at least to where
+    # phases 2-3 start (the cheaper of the stage count and the time-aligned margins), not merely to 2 m + 1.
+    dag = dag_mod.build(schedules.generate("1f1b", 8, 96), _random_profile(8, seed=2))
+    g = GraphArrays.from_dag(dag)
+    runs = Runs.detect(g)
+    start_ms = simulate(dag).start_ms
+    later = Margins(dag, g, runs, 0, None, start_ms).start(2)  # from 0 periods: exactly where phases 2-3 start
+    margins = Margins(dag, g, runs, 2, None, start_ms)
+    first = margins.start(1)
+    assert first[0].tolist() == [2] * runs.num_runs and first[1].tolist() == [2] * runs.num_runs
+    grown = margins.grow(first)
+    assert grown is not None
+    for end in (0, 1):
+        assert np.all(grown[end] >= later[end]) and np.all(grown[end] >= 5)
+    assert max(grown[0].max(), grown[1].max()) > 5  # the jump is past doubling on this instance
