@@ -28,7 +28,7 @@ the ablations timely-goodput-seeded-nowarmup (--warmup-steps 0: the seed plan in
 timely-goodput-seeded-inert (also no noise measurement and no drift re-plans: the fixed plan run by the online mode);
 timely-goodput-seeded-nowarmup-rescale (no warm-up, with --grad-rescale: its measured steps, which leave whole
 micro-batches unfrozen, then no longer change a gradient's scale against Adam's second moment; docs/results.md, "A
-paired branch as the learning price"; rule fixed at 10:32 UTC 2026-12-07 before it ran: better than
+paired branch as the learning price"; rule fixed at 10:26 UTC 2026-12-07 before it ran: better than
 -nowarmup at all three scratch seeds, then crossing and fine-tuning held out).
 
 Equal time is measured twice: raw (each run's own wall time, which carries the machine's drift between runs) and

@@ -18,7 +18,8 @@ The branch's price at length k (K or 2K) is e = s(L) / k, where L is the branch'
 s(L) the steps the unfrozen run needs from T to reach L (linear between its evaluations on its running minimum,
 tfrun.records.efficiency.steps_to_reach, on the calibration set's unfrozen curve, whose evaluations fall on the
 same steps). A branch that loses progress reads e < 1, one that ends above the loss it started from e < 0 (at
-the unfrozen curve's first slope), one that ends below the unfrozen curve's reach None.
+the unfrozen curve's first slope; None where that curve does not fall there), one that ends below the unfrozen
+curve's reach None. A branch without a price is left out of the rule's counts (none was).
 
 Cells: the held-out cells of the calibration set (cap-0.9, s0-0.6, s1-0.6, whose whole-run prices exist at both
 data seeds) and a control, s1-0.05 (5% of stage 1's micro-batches: the branch's own trajectory floor).
@@ -126,13 +127,13 @@ def branch(ref: Path, folder: Path, at: int, length: int, plan: Path, freeze_see
         state = torch.load(path, weights_only=False)
         for key in ("ratios", "epoch", "ramp_steps", "probe"):
             state["freezer"].pop(key, None)
-        if v_scale is not None:  # (1F1B on 2 ranks: rank r holds stage r)
+        if v_scale is not None:  # (1F1B, one stage a rank: rank r holds stage r)
             for moments in state["optimizer"]["state"].values():
                 moments["exp_avg_sq"].mul_(v_scale[int(file[4:-3])])
         torch.save(state, path)
         entry.update(bytes=path.stat().st_size, sha256=hashlib.sha256(path.read_bytes()).hexdigest())
     index_path.write_text(json.dumps(index, indent=1))
-    (folder / "checkpoints" / "latest.json").write_text(json.dumps({"step": at, "world_size": 2}))
+    (folder / "checkpoints" / "latest.json").write_text(json.dumps({"step": at, "world_size": index["world_size"]}))
     run(["tfrun", "train", "--resume", str(folder), "--steps", str(at + length), "--freeze", "plan", "--plan",
          str(plan), "--freeze-seed", str(freeze_seed), "--quiet", *extra])
 
@@ -186,7 +187,8 @@ def measure(calib: Path, out: Path, name: str, seeds: list[int], freeze_seeds: l
 def local_price(calib: Path, name: str, seed: int, cell: str, at: int, k: int) -> float | None:
     """The cell's own run (frozen from step 0, the calibration set's, median over its freeze seeds): the unfrozen
     steps its eval loss advanced by between `at` and `at + k`, over k (its local efficiency there; exploratory,
-    not part of the rule)."""
+    not part of the rule). None where its loss at `at` lies above the unfrozen curve's first evaluation (fine-tuning's
+    cap 0.9 at T = 40)."""
     base = sorted(_evals(calib / name / f"seed{seed}" / "none").items())
     values = []
     for run_dir in sorted((calib / name / f"seed{seed}").glob(f"{cell}-f*")):

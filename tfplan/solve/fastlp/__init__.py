@@ -74,9 +74,9 @@ Note [periodic compression]
   the last certified one) as a FEASIBLE plan with its gap, with a warning; with no feasible point at all it
   raises lp.TimeLimitReached.
   Margins. Phase 1 starts at 2 periods and usually needs no more (the goodput optimum's caps are an
-  exception: 2 -> 47 periods on 1F1B 32 x 512, which is why the goodput search hands its certified phase 1
-  over, tfplan.solve.fastlp.goodput); where it does, it grows at once to where phases 2-3 start (Note [phase 1's
-  growth] in margins.py). Phases 2-3 need more: their optima are
+  exception: 47 periods on 1F1B 32 x 512, reached by doubling from 2, which is why the goodput search hands its
+  certified phase 1 over, tfplan.solve.fastlp.goodput); where it does, it grows at once to where phases 2-3
+  start (Note [phase 1's growth] in margins.py). Phases 2-3 need more: their optima are
   periodic only after the pipeline's fill and before its drain, and in between a stage with slack unfreezes
   a block of about S (stages) of its last steady-state actions (measured: uniform 1F1B 8 x 96 needs 8,
   heterogeneous 32 x 512 needs 32; too small a margin shows as U > L and costs a round). They start at the

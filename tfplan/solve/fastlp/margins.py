@@ -56,7 +56,7 @@ Note [phase 3 growth]
   solve: through phase 2 at the new margin, then phase 3's LPs from those bases (Note [phase 3 through phase 2] in
   tfplan.solve.fastlp.phases), GLOP's time growing faster than the columns. On the three hard instances of
   benchmarks/solver_scale.py whose phase 3 needed a second margin (1F1B 32 x 16384, cap 0.9; fastlp.solve, one run
-  each, alone on the 2-core machine, 2026-12-07 10:34-10:40 UTC; phase 3's seconds, its last LP's columns): seed 27
+  each, alone on the 2-core machine, 2026-12-07 10:29-10:36 UTC; phase 3's seconds, its last LP's columns): seed 27
   16.2 s at 14,859 columns doubling, 11.5 s at 11,672 growing by half; seed 28 10.9 s (13,393) against 7.9 s
   (10,566); seed 15 6.5 s against 5.4 s (the dual alone grew there). Each certified at its second margin, with the
   same optimum to the tolerance (seed 27 786.28907002 and 786.28905945, seed 28 637.36731528 and 637.36729450:
@@ -211,8 +211,9 @@ class Margins:
         return grown if self.runs.ties(self.g.n, grown).num_tied else None
 
     def _doubled(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """2 m + 1 per run and end (phase 3: ceil(1.5 m) + 1, Note [phase 3 growth]); in phase 1 at least where phases
-        2-3 start (Note [phase 1's growth]), in phases 2-3 at least the median over the runs (Note [lagging runs])."""
+        """A grown margin (the name is older than its rules): 2 m + 1 per run and end (phase 3: ceil(1.5 m) + 1, Note
+        [phase 3 growth]); in phase 1 at least where phases 2-3 start (Note [phase 1's growth]), in phases 2-3 at
+        least the median over the runs (Note [lagging runs])."""
         head, tail = (np.ceil(self._growth * m).astype(np.int64) + 1 for m in margin)
         if not self._lift:
             head, tail = np.maximum(head, self._later[0]), np.maximum(tail, self._later[1])

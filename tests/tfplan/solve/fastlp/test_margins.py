@@ -61,7 +61,7 @@ def test_primal_and_dual_margins_grow_apart(monkeypatch) -> None:
     assert d2 < p2  # phase 2's dual certified at a smaller margin than its primal's, and handed it on
     # phase 3: the dual grew alone (by half, Note [phase 3 growth]), at most to the primal's margin; the primal kept
     # phase 2's margin
-    assert p3 == p2 and d2 < d3 <= p3
+    assert p3 == p2 and d2 < d3 < p3  # (doubling would have reached the primal's)
     assert grown == ["dual", "primal", "dual"]  # phase 2 grew both once, phase 3 the dual alone
     assert warm == [True]  # phase 3's primal started from phase 2's basis (its compression kept while the dual's grew)
 
@@ -69,7 +69,8 @@ def test_primal_and_dual_margins_grow_apart(monkeypatch) -> None:
 def test_a_lagging_run_catches_up_with_the_median_in_phases_2_and_3() -> None:
     # Note [lagging runs]: in phases 2-3 a grown margin lifts each end of every run to at least the median over
     # the runs of that end's grown value (2 m + 1; phase 3 ceil(1.5 m) + 1, Note [phase 3 growth]), the primal's
-    # and the dual's alike; runs at or above it grow as before, and phase 1 only doubles.
+    # and the dual's alike; runs at or above it grow as before, and phase 1 only doubles (its floor, Note [phase
+    # 1's growth], is where phases 2-3 start: 1 period here).
     dag = dag_mod.build(schedules.generate("1f1b", 8, 96), _random_profile(8, seed=2))
     g = GraphArrays.from_dag(dag)
     runs = Runs.detect(g)
