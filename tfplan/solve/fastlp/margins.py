@@ -117,8 +117,7 @@ class Margins:
         self.dual: tuple[np.ndarray, np.ndarray] = self.current
         self._catch_up = False  # the dual was handed a smaller margin than the primal's (Note [two margins])
         self.caught_up = False  # the last advance only caught the dual up (Note [catch-up rounds])
-        self._lift = False  # phases 2-3: a grown margin lifts the runs that lag (Note [lagging runs])
-        self._growth = 2.0  # m -> growth m + 1 (phase 3: PHASE3_GROWTH, Note [phase 3 growth])
+        self._phase = 1  # how a margin grows depends on it (_widened)
         self._compressed: dict[object, Compressed] = {}  # the primal's (current) and the last other one
         self._windows: dict[str, Windows] = {}
 
@@ -136,8 +135,7 @@ class Margins:
 
     def start(self, phase: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The primal's margin for `phase` (also moves the dual's to at least the phase's starting margin)."""
-        self._lift = phase > 1
-        self._growth = PHASE3_GROWTH if phase == 3 else 2.0
+        self._phase = phase
         if phase > 1 and self.current is not None:
             best = self._later
             self.current = (np.maximum(self.current[0], best[0]), np.maximum(self.current[1], best[1]))
@@ -169,14 +167,14 @@ class Margins:
         return primal, dual
 
     def grow(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
-        """The primal's margin grown (_doubled); None once that ties nothing."""
+        """The primal's margin grown (_widened); None once that ties nothing."""
         self.current = self._grown(margin)
         return self.current
 
     def grow_dual(self, cap: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
-        """The dual's margin grown as the primal's (_doubled), at most `cap` where it is below `cap` (never shrunk);
+        """The dual's margin grown as the primal's (_widened), at most `cap` where it is below `cap` (never shrunk);
         False (unchanged) when that would tie nothing."""
-        grown = self._doubled(self.dual)
+        grown = self._widened(self.dual)
         if cap is not None:
             grown = (np.maximum(self.dual[0], np.minimum(grown[0], cap[0])),
                      np.maximum(self.dual[1], np.minimum(grown[1], cap[1])))
@@ -207,17 +205,17 @@ class Margins:
         return self._compressed[key]
 
     def _grown(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
-        grown = self._doubled(margin)
+        grown = self._widened(margin)
         return grown if self.runs.ties(self.g.n, grown).num_tied else None
 
-    def _doubled(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """A grown margin (the name is older than its rules): 2 m + 1 per run and end (phase 3: ceil(1.5 m) + 1, Note
-        [phase 3 growth]); in phase 1 at least where phases 2-3 start (Note [phase 1's growth]), in phases 2-3 at
-        least the median over the runs (Note [lagging runs])."""
-        head, tail = (np.ceil(self._growth * m).astype(np.int64) + 1 for m in margin)
-        if not self._lift:
+    def _widened(self, margin: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """2 m + 1 per run and end (phase 3: ceil(1.5 m) + 1, Note [phase 3 growth]); in phase 1 at least where phases
+        2-3 start (Note [phase 1's growth]), in phases 2-3 at least the median over the runs (Note [lagging runs])."""
+        growth = PHASE3_GROWTH if self._phase == 3 else 2.0
+        head, tail = (np.ceil(growth * m).astype(np.int64) + 1 for m in margin)
+        if self._phase == 1:
             head, tail = np.maximum(head, self._later[0]), np.maximum(tail, self._later[1])
-        if self._lift and len(head):
+        elif len(head):
             head = np.maximum(head, int(np.median(head)))
             tail = np.maximum(tail, int(np.median(tail)))
         return head, tail

@@ -102,7 +102,7 @@ def test_lifting_a_lagging_run_saves_growths(monkeypatch) -> None:
     monkeypatch.setattr(Margins, "grow_dual", lambda self, cap=None: growths.append("dual") or grow_dual(self, cap))
     lifted = _assert_agrees(dag, 0.9)
     with_lift, growths[:] = list(growths), []
-    monkeypatch.setattr(Margins, "_doubled", lambda self, m: (2 * m[0] + 1, 2 * m[1] + 1))
+    monkeypatch.setattr(Margins, "_widened", lambda self, m: (2 * m[0] + 1, 2 * m[1] + 1))
     plain = fastlp.solve(dag, 0.9)
     assert plain.status == "OPTIMAL"
     assert [p.objective for p in plain.phases] == pytest.approx([p.objective for p in lifted.phases], rel=PHASE3_REL)
