@@ -62,7 +62,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 from calibration import REGIMES, run  # noqa: E402
 
-from tfrun.records.efficiency import steps_to_reach  # noqa: E402
+from tfrun.records.compare import load_run  # noqa: E402
+from tfrun.records.efficiency import curve_of, steps_to_reach  # noqa: E402
 
 BRANCHES = {"scratch": (20, 40), "crossing": (40, 80), "finetune": (40, 80)}
 """Branch points T per regime (steps; on the regime's eval grid), early and mid-run."""
@@ -70,13 +71,9 @@ CELLS = ("cap-0.9", "s0-0.6", "s1-0.6", "s1-0.05")
 CONTROL = "s1-0.05"
 
 
-def _metrics(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
 def _evals(folder: Path) -> dict[int, float]:
-    """Steps completed -> eval loss of a run (or branch)."""
-    return {row["step"] + 1: row["eval_loss"] for row in _metrics(folder) if row.get("eval_loss") is not None}
+    """Steps completed -> eval loss of a finished run (or branch)."""
+    return {steps: loss for steps, loss, _ in curve_of(load_run(folder).steps)}
 
 
 def reference(calib: Path, where: Path, regime: dict, seed: int, last: int, freeze_seed: int) -> Path:
@@ -145,7 +142,7 @@ def v_scale(ref: Path, at: int, plan: Path) -> list[float]:
     micro-batches a tensor's mean is taken over)."""
     from tfplan.plan import plan as plan_mod
 
-    measured = [row for row in _metrics(ref) if row.get("noise_scale_tokens") and row["step"] < at][-4:]
+    measured = [row for row in load_run(ref).steps if row.get("noise_scale_tokens") and row["step"] < at][-4:]
     means = plan_mod.load(plan).mean_ratio_per_stage()
     scales = []
     for s, ratio in enumerate(means):
