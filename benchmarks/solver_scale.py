@@ -7,7 +7,8 @@ Prints, measured in one run (1F1B, uniform profile F = 1, B = 2, frozen B = 1, c
       file size, on the uniform profile and on a random one (random_profile: per-stage costs as tests/
       test_fastlp.py draws them, with rank tails and a dispatch cost, seed 0).
   (issue 48, --figures hard) the million's whole command on each of HARD (spread_profile: seeds, spreads, p2p lags):
-      wall, CPU (user + sys), peak RSS, status, phase times and optima; then the worst and the median.
+      wall, CPU (user + sys), peak RSS, status, phase times and optima; then the worst and the median. With
+      --hard-rounds N, N rounds over the set: each instance's median wall and CPU, largest peak, its last run's phases.
   (a) 1F1B 16 x 256 (8,192 actions): a straightforward GLOP model written here (pywraplp; one start
       variable per action, one row per DAG edge, the phases of Note [three-phase LP]), phase 1 only and
       all three phases; tfplan.solve.solver.solve (GLOP, redundant rows dropped); tfplan.solve.fastlp.solve (periodic
@@ -22,6 +23,7 @@ Times are medians of --repeats runs for the fast cases (the machine may be share
     python benchmarks/solver_scale.py                      # everything, about 15 minutes on 2 cores
     python benchmarks/solver_scale.py --parts issue        # the issue's figures only, about 5 minutes
     python benchmarks/solver_scale.py --parts issue --figures 32x512   # one figure (32x512, 64x8192, 1m, hard)
+    python benchmarks/solver_scale.py --parts issue --figures hard --hard-rounds 3   # medians of three rounds
     python benchmarks/solver_scale.py --quick              # small sizes of every part, about a minute
 """
 
@@ -309,14 +311,25 @@ def spread_profile(num_stages: int, seed: int, spread: float, p2p_ms: float) -> 
     return Profile(name=f"spread-{seed}", p2p_ms=p2p_ms, dispatch_ms=rng.choice([0.0, 0.05]), stages=tuple(stages))
 
 
-def hard_figures(p: int, m: int, folder: Path) -> None:
-    """Issue 48: the whole command on each HARD instance in turn (CPU: user + sys of its threads, from wait4)."""
-    print(f"    hard instances, 1F1B {p} x {m} cap {CAP}, whole tfplan solve -o plan.json each:")
+def hard_figures(p: int, m: int, folder: Path, rounds: int = 1) -> None:
+    """Issue 48: the whole command on each HARD instance (CPU: user + sys of its threads, from wait4), `rounds`
+    times over the set (each round runs every instance once, so that a slow spell of the machine falls on all of
+    them): per instance the median wall and CPU and the largest peak over its runs."""
+    print(f"    hard instances, 1F1B {p} x {m} cap {CAP}, whole tfplan solve -o plan.json each"
+          + ("" if rounds == 1 else f", {rounds} rounds (median wall and CPU, largest peak)") + ":")
+    runs: dict[int, list[dict]] = {seed: [] for seed, _, _ in HARD}
+    for _ in range(rounds):
+        for seed, spread, p2p in HARD:
+            runs[seed].append(whole_command(spread_profile(p, seed, spread, p2p), p, m, folder))
     rows = []
     for seed, spread, p2p in HARD:
-        rows.append(r := whole_command(spread_profile(p, seed, spread, p2p), p, m, folder))
-        print(f"      seed {seed} spread {spread:g} p2p {p2p:g}: wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s, "
-              f"peak {r['peak_mib']:.0f} MiB, {r['status']}, phases "
+        rs = runs[seed]
+        r = rs[-1] | {"wall_s": statistics.median(x["wall_s"] for x in rs),
+                      "cpu_s": statistics.median(x["cpu_s"] for x in rs), "peak_mib": max(x["peak_mib"] for x in rs)}
+        rows.append(r)
+        walls = "" if rounds == 1 else " (runs " + ", ".join(f"{x['wall_s']:.1f}" for x in rs) + ")"
+        print(f"      seed {seed} spread {spread:g} p2p {p2p:g}: wall {r['wall_s']:.1f} s{walls}, "
+              f"CPU {r['cpu_s']:.1f} s, peak {r['peak_mib']:.0f} MiB, {r['status']}, phases "
               + " / ".join(f"{x['wall_s']:.1f}" for x in r["phases"])
               + " s, optima " + ", ".join(f"{x['objective']:.12g}" for x in r["phases"]), flush=True)
     for key, target in (("cpu_s", 20.0), ("wall_s", 20.0), ("peak_mib", 1536.0)):
@@ -328,7 +341,7 @@ def _verdict(value: float, target: float) -> str:
     return f"target <= {target:g}: {'met' if value <= target else 'MISSED'}"
 
 
-def issue_figures(figures: set[str], repeats: int, quick: bool) -> None:
+def issue_figures(figures: set[str], repeats: int, quick: bool, hard_rounds: int = 1) -> None:
     print("(issue 23) figures and targets (the targets are for a quiet machine; see the load averages)")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -359,7 +372,7 @@ def issue_figures(figures: set[str], repeats: int, quick: bool) -> None:
                 print(f"    1F1B {p} x {m}: {what} {r['fast_s']:.1f} s ({r['status']}, phases {phases} s, peak "
                       f"{r['peak_mib']:.0f} MiB; {_verdict(r['fast_s'], target)})")
         if "hard" in figures:
-            hard_figures(*((32, 2048) if quick else (32, 16384)), folder)
+            hard_figures(*((32, 2048) if quick else (32, 16384)), folder, hard_rounds)
         if "1m" in figures:
             p, m = (32, 2048) if quick else (32, 16384)
             for prof in (profile.uniform(p), random_profile(p)):
@@ -380,12 +393,16 @@ def main() -> int:
     parser.add_argument("--parts", default="issue,a,b,c", help="comma-separated parts to run: issue, a, b, c")
     parser.add_argument("--figures", default="32x512,64x8192,1m",
                         help="the issue's figures to measure: 32x512, 64x8192, 1m, hard (comma-separated)")
+    parser.add_argument("--hard-rounds", type=int, default=1,
+                        help="runs of every hard instance, one round over the set at a time (median reported)")
     args = parser.parse_args()
+    if args.hard_rounds < 1:
+        parser.error("--hard-rounds must be at least 1")
     parts, figures = set(args.parts.split(",")), set(args.figures.split(","))
     print(f"TimelyFreeze LP at scale ({'quick' if args.quick else 'full'}; {os.cpu_count()} CPUs, load averages "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at start)")
     if "issue" in parts:
-        issue_figures(figures, args.repeats, args.quick)
+        issue_figures(figures, args.repeats, args.quick, args.hard_rounds)
     if "a" in parts:
         part_a(*((8, 128) if args.quick else (16, 256)), args.repeats)
     if "b" in parts:
