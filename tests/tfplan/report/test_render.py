@@ -7,6 +7,8 @@ import dataclasses
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 from rich.text import Text
 
@@ -229,6 +231,25 @@ def test_gantt_panel_count_is_bounded_with_a_near_zero_action() -> None:
     durations[dag.actions.index(Action(0, "B", 0))] = 0.005  # 5 us in a 33 ms step
     panels = render.gantt_panels(dag, simulate(dag, durations), 120)
     assert len(panels) <= dag.num_nodes  # never more windows than actions to label
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["1f1b", "gpipe", "interleaved-zb", "zbv"]), m=st.integers(2, 12).map(lambda k: 2 * k),
+       width=st.integers(12, 160), data=st.data())
+def test_timeline_painters_property(name, m, width, data) -> None:
+    # Any durations (some of no length, some far shorter than the rest), any span and width: painting only
+    # render._painters' blocks leaves the text and colours of painting every action in node order.
+    dag = _dag(name, 2 if name in ("interleaved-zb", "zbv") else 4, m)  # 4 stages: 2 per rank, or 1
+    durations = data.draw(st.lists(st.sampled_from([0.0, 1e-6, 0.3, 1.0, 2.5, 7.0]), min_size=dag.num_nodes,
+                                   max_size=dag.num_nodes))
+    sim = simulate(dag, durations)
+    a, b = sorted(data.draw(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0))))
+    span = None if b <= a else (a * sim.makespan_ms, b * sim.makespan_ms)
+    fast = render.timeline(dag, sim, width, span)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(render, "_painters", lambda d, *args: range(d.num_nodes))
+        want = render.timeline(dag, sim, width, span)
+    assert fast.plain == want.plain and _styles(fast) == _styles(want)
 
 
 @pytest.mark.parametrize(("name", "p", "m", "width", "zeros"),
