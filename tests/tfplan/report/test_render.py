@@ -243,8 +243,10 @@ def test_timeline_painters_property(name, m, width, data) -> None:
     durations = data.draw(st.lists(st.sampled_from([0.0, 1e-6, 0.3, 1.0, 2.5, 7.0]), min_size=dag.num_nodes,
                                    max_size=dag.num_nodes))
     sim = simulate(dag, durations)
-    a, b = sorted(data.draw(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0))))
-    span = None if b <= a else (a * sim.makespan_ms, b * sim.makespan_ms)
+    # A span as gantt_panels cuts them (at least a 40th of the step, MAX_PANELS), or the whole step.
+    a = data.draw(st.floats(0.0, 0.95))
+    b = data.draw(st.floats(a + 1 / render.MAX_PANELS, 1.0 + 1 / render.MAX_PANELS))
+    span = None if b > 1.0 else (a * sim.makespan_ms, b * sim.makespan_ms)
     fast = render.timeline(dag, sim, width, span)
     with pytest.MonkeyPatch.context() as patched:
         patched.setattr(render, "_painters", lambda d, *args: range(d.num_nodes))
