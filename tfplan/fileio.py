@@ -17,15 +17,61 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     """Write `text` to `path` atomically.
 
     Raises:
-        TfplanError: the folder does not exist or is not writable.
+        TfplanError: the folder does not exist or is not writable, or `path` is a folder.
     """
     write_bytes_atomic(path, text.encode())
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     """Write `data` to `path` atomically (see write_text_atomic)."""
+    write_files_atomic([(path, data)])
+
+
+def write_files_atomic(files: list[tuple[str | Path, bytes]]) -> None:
+    """Write several files that belong together (a plan and its schedule CSV): every one to a temp file first,
+    and only when all are written is each renamed over its target, so that a failure leaves every target as it
+    was (a user's earlier plan included), not one new file beside an old one.
+
+    Raises:
+        TfplanError: as write_text_atomic, naming the first path that cannot be written.
+    """
+    temps: list[tuple[str, Path]] = []
+    try:
+        for path, data in files:
+            temps.append((_temp_with(Path(path), data), Path(path)))
+        for tmp, path in temps:
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise TfplanError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        for tmp, _ in temps:
+            Path(tmp).unlink(missing_ok=True)  # (those renamed are gone already)
+
+
+def check_output(path: str | Path, inputs: tuple[str | Path | None, ...] = ()) -> None:
+    """Before any work: `path` can be written (a file name in a folder that exists) and is none of the command's
+    `inputs` (writing a plan over the profile it was solved from would lose the profile).
+
+    Raises:
+        TfplanError: naming the option's path and why.
+    """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or not path.name:
+        raise TfplanError(f"cannot write {path}: it is a folder; give a file name")
+    if not folder.is_dir():
+        raise TfplanError(f"cannot write {path}: folder {folder} does not exist")
+    for given in inputs:
+        if given is not None and Path(given).resolve() == path.resolve():
+            raise TfplanError(f"cannot write {path}: it is also an input of this command; write elsewhere")
+
+
+def _temp_with(path: Path, data: bytes) -> str:
+    """A temp file beside `path` holding `data`, with the mode a plain open() would give it."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or not path.name:
+        raise TfplanError(f"cannot write {path}: it is a folder; give a file name")
     if not folder.is_dir():
         raise TfplanError(f"cannot write {path}: folder {folder} does not exist")
     try:
@@ -39,13 +85,13 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
         os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise TfplanError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return tmp
 
 
 def read_json(path: str | Path, what: str) -> Any:
@@ -68,11 +114,19 @@ def read_json(path: str | Path, what: str) -> Any:
     except UnicodeDecodeError as exc:
         raise TfplanError(f"{path}: not a UTF-8 text file (byte {exc.start}); is it really a {what}?") from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise TfplanError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise TfplanError(f"{path}: JSON nested too deeply") from None
+
+
+def _parse_int(text: str) -> int | float:
+    """A JSON integer as Python reads it, except one too long for a float (or for int(), over 4,300 digits): an
+    infinity of its sign, which every number check then names as not finite (instead of an OverflowError)."""
+    if len(text.lstrip("-")) > 300:
+        return float("-inf") if text.startswith("-") else float("inf")
+    return int(text)
 
 
 def json_text(obj: Any, width: int = 110, indent: str = "") -> str:

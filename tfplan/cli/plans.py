@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -37,7 +38,7 @@ from tfplan.cli.options import (
     user_errors,
 )
 from tfplan.errors import TfplanError
-from tfplan.fileio import write_json_atomic, write_text_atomic
+from tfplan.fileio import check_output, write_json_atomic, write_text_atomic
 from tfplan.report.plan_view import (
     plan_json,
     plan_title,
@@ -96,6 +97,9 @@ def solve_cmd(
     from tfplan.plan.job import solve_job
 
     with user_errors():
+        if output:  # before the solve, which may take minutes
+            check_output(output, (profile, schedule_csv))
+            check_output(plan_mod.csv_path_of(output), (profile, schedule_csv))
         spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp,
                         dp_link, learning_model)
         plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup, solver_backend.value, time_limit,
@@ -129,6 +133,8 @@ def show_cmd(
     from tfplan.plan import plan as plan_mod
 
     with user_errors():
+        if trace:
+            check_output(trace, (plan_path, profile))
         plan_obj = plan_mod.load(plan_path)
         if profile is not None:
             plan_obj = with_goodput(plan_obj, profile, learning_model)
@@ -209,6 +215,11 @@ def whatif_cmd(
     from tfplan.report.plan_view import sweep_table
 
     with user_errors():
+        for path in (csv_out, plot):  # before the sweep
+            if path:
+                check_output(path, (profile,))
+        if csv_out and plot and Path(csv_out).resolve() == Path(plot).resolve():
+            raise TfplanError(f"--csv and --plot: both name {csv_out}; give two files")
         names = split_list(schedules_list, "--schedules", str)
         for name in names:
             schedules.get_spec(name)

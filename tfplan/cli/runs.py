@@ -12,7 +12,7 @@ from rich.table import Table
 from tfplan.cli.options import JsonOpt, LayersPerStageOpt, out, parse_int_list, user_errors
 from tfplan.cost.measured import measure_profile
 from tfplan.errors import TfplanError
-from tfplan.fileio import write_json_atomic
+from tfplan.fileio import check_output, write_json_atomic
 
 
 def profile_cmd(
@@ -92,6 +92,7 @@ def profile_cmd(
     from tfplan.cost import profile as profile_mod
 
     with user_errors():
+        check_output(output)  # before measuring, which takes a while
         if analytic:
             from tfplan.cost import costmodel, hardware
 

@@ -26,7 +26,7 @@ from tfplan.cli.options import (
     user_errors,
 )
 from tfplan.errors import TfplanError
-from tfplan.fileio import write_json_atomic, write_text_atomic
+from tfplan.fileio import check_output, write_json_atomic, write_text_atomic
 from tfplan.plan.job import build
 from tfplan.report.render import (
     gantt_panels,
@@ -66,6 +66,8 @@ def simulate_cmd(
     Example: tfplan simulate -p profiles/toy-uniform-4.json -s 1f1b -m 8
     """
     with user_errors():
+        if trace:
+            check_output(trace, (profile, schedule_csv))
         if not 0.0 <= freeze_ratio <= 1.0:
             raise TfplanError(f"--freeze-ratio must be in [0, 1], got {freeze_ratio}")
         spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp,
@@ -136,6 +138,8 @@ def show_schedule_cmd(
     Example: tfplan show-schedule -s interleaved-1f1b --ranks 4 -m 8 --csv sched.csv
     """
     with user_errors():
+        if csv_path:
+            check_output(csv_path)
         sched = schedules.generate(schedule, ranks, microbatches, stages_per_rank)
         if csv_path:
             write_text_atomic(csv_path, schedules.to_csv(sched))

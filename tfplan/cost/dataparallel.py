@@ -16,6 +16,7 @@ holds D' in its tails and `dp` field: the difference is added). The link is a na
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from tfplan.cost.hardware import LinkSpec, get_link
 from tfplan.cost.profile import Profile
@@ -44,8 +45,8 @@ def parse_link(text: str, profile: Profile) -> LinkSpec:
             gbps, latency = (float(x) for x in text.split(":"))
         except ValueError:
             raise TfplanError(f"--dp-link {text!r}: give a name (ib, nvlink, ib-ndr, ...) or GBPS:LATENCY_US") from None
-        if gbps <= 0 or latency < 0:
-            raise TfplanError(f"--dp-link {text!r}: bandwidth must be > 0 and latency >= 0")
+        if not (0 < gbps < math.inf and 0 <= latency < math.inf):  # (NaN too)
+            raise TfplanError(f"--dp-link {text!r}: bandwidth must be finite and > 0, latency finite and >= 0")
         return LinkSpec(name=text, gb_per_s=gbps, latency_us=latency)
     gpu = profile.source.get("gpu")
     if gpu is None and text in ("nvlink", "pcie", "ib", "infiniband"):

@@ -240,7 +240,7 @@ def stage_value(term: tuple[float, float, float], mean: float, batch_tokens: flo
         return 1.0, 0.0
     kept = (1.0 - mean) * batch_tokens
     e = kept / (kept + noise)
-    slope = -batch_tokens * noise / (kept + noise) ** 2
+    slope = -(batch_tokens / (kept + noise)) * (noise / (kept + noise))  # (no square: N up to 1e308 stays finite)
     if power == 1.0:
         return e, slope
     e = max(e, 1e-300)  # (m = 1: the slope of e^p is -infinity for p < 1; the cap keeps m below where it matters)

@@ -201,6 +201,12 @@ def split_profile(profile: Profile, num_stages: int, layers_per_stage: Sequence[
 # JSON reading and validation
 
 
+MAX_NUMBER = 1e15
+"""The largest number a profile may hold (ms, bytes, parameters): far above any real one (1e15 ms is 30,000 years
+of one action), and low enough that a million actions' sums and the LP's coefficients stay finite and within
+GLOP's range (a stage of 1e200 ms failed inside GLOP, 1e308 overflowed the simulator's sums)."""
+
+
 def _number(value: Any, path: str, allow_zero: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TfplanError(f"{path}: must be a number, got {json.dumps(value)}")
@@ -209,6 +215,8 @@ def _number(value: Any, path: str, allow_zero: bool = True) -> float:
         raise TfplanError(f"{path}: must be finite, got {value}")
     if value < 0 or (value == 0 and not allow_zero):
         raise TfplanError(f"{path}: must be {'>=' if allow_zero else '>'} 0, got {value:g}")
+    if value > MAX_NUMBER:
+        raise TfplanError(f"{path}: must be at most {MAX_NUMBER:g}, got {value:g}")
     return value
 
 
@@ -265,6 +273,8 @@ def from_dict(obj: Any) -> Profile:
     if not isinstance(items, list) or not items:
         raise TfplanError(f"{key}: must be a non-empty list")
     costs = tuple(_cost_from_dict(item, f"{key}[{i}]") for i, item in enumerate(items))
+    if not any(c.forward_ms or c.backward_ms for c in costs):
+        raise TfplanError(f"{key}: every forward_ms and backward_ms is 0: a step of no time has nothing to plan")
     noise = None
     if "noise" in obj:
         noise = goodput.from_dict(obj["noise"], len(costs), microbatch_tokens(source))

@@ -108,8 +108,8 @@ def target_makespan(dag: dag_mod.Dag, target_speedup: float) -> float:
     """
     from tfplan.step.simulate import simulate
 
-    if target_speedup < 1.0:
-        raise TfplanError(f"--target-speedup must be >= 1, got {target_speedup:g}")
+    if not target_speedup >= 1.0:  # (NaN too)
+        raise TfplanError(f"--target-speedup must be a number >= 1, got {target_speedup:g}")
     none = simulate(dag).batch_time_ms
     frozen = simulate(dag, dag.d_min).batch_time_ms
     if target_speedup > none / frozen * (1 + 1e-12):

@@ -27,7 +27,7 @@ from tfplan import __version__
 from tfplan.cost import profile as profile_mod
 from tfplan.cost.goodput import NoiseModel, PlanGoodput, plan_goodput, record_from_dict
 from tfplan.errors import TfplanError
-from tfplan.fileio import field_name, read_json, write_json_atomic, write_text_atomic
+from tfplan.fileio import field_name, json_text, read_json, write_files_atomic
 from tfplan.plan.plan_ratios import ratio_table, ratios_v2, ratios_v3, require
 from tfplan.schedule import schedules
 from tfplan.schedule.actions import parse_action
@@ -208,13 +208,14 @@ def with_stage_ratios(plan: Plan, per_stage: Sequence[float]) -> Plan:
 
 def source_provenance(source: dict[str, Any]) -> dict[str, Any]:
     """The provenance a plan keeps of its profile's source: its scalar fields (nested notes such as measured
-    fields or repeats dropped), at most MAX_SOURCE_FIELDS of them.
+    fields or repeats dropped, and numbers that are not finite, which the plan's reader rejects), at most
+    MAX_SOURCE_FIELDS of them.
 
-    >>> source_provenance({"kind": "measured", "model": "tiny", "measured_fields": {"0": ["forward_ms"]}})
+    >>> source_provenance({"kind": "measured", "model": "tiny", "measured_fields": {"0": ["forward_ms"]}, "x": 1e999})
     {'kind': 'measured', 'model': 'tiny'}
     """
-    scalar = (str, int, float, bool, type(None))
-    kept = {k: v for k, v in source.items() if isinstance(k, str) and isinstance(v, scalar)}
+    kept = {k: v for k, v in source.items() if isinstance(k, str) and isinstance(v, (str, int, float, bool, type(None)))
+            and not (isinstance(v, float) and not math.isfinite(v))}
     return dict(list(kept.items())[:MAX_SOURCE_FIELDS])
 
 
@@ -257,17 +258,22 @@ def to_dict(plan: Plan, names: list[list[str]] | None = None) -> dict[str, Any]:
 
 def write(plan: Plan, path: str | Path) -> Path:
     """Write plan JSON and the schedule CSV next to it (same name, .csv); returns the CSV path."""
+    csv_path, names = csv_path_of(path), schedules.action_names(plan.schedule)
+    # Both or neither: a plan without its schedule CSV, or a new plan beside an old CSV, would not run as planned.
+    write_files_atomic([(path, (json_text(to_dict(plan, names)) + "\n").encode()),
+                        (csv_path, schedules.to_csv(plan.schedule, names).encode())])
+    return csv_path
+
+
+def csv_path_of(path: str | Path) -> Path:
+    """Where write() puts a plan's schedule CSV: beside it, the same name ending in .csv (TfplanError when `path`
+    ends in .csv itself or names a folder)."""
     path = Path(path)
+    if not path.name or path.is_dir():
+        raise TfplanError(f"cannot write {path}: it is a folder; give the plan a file name")
     csv_path = path.with_suffix(".csv")
     if csv_path == path:
         raise TfplanError(f"plan path {path} must not end in .csv (the schedule CSV goes beside it)")
-    names = schedules.action_names(plan.schedule)
-    write_json_atomic(path, to_dict(plan, names))
-    try:
-        write_text_atomic(csv_path, schedules.to_csv(plan.schedule, names))
-    except TfplanError:
-        path.unlink(missing_ok=True)  # never leave a plan without its schedule CSV
-        raise
     return csv_path
 
 
@@ -319,8 +325,9 @@ def from_dict(obj: Any) -> Plan:
     ratios = ratios_v3(obj, dag) if version >= 3 else ratios_v2(obj, dag)
     predicted, none, planned = _predict(dag, ratios)
     target = obj.get("target_speedup")
-    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
-        raise TfplanError(f"target_speedup: must be a number or null, got {json.dumps(target)}")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
+                               or not 1 <= target < math.inf):
+        raise TfplanError(f"target_speedup: must be a finite number >= 1 or null, got {target!r}")
     means = [sum(ratios[v] for v in g) / len(g) if g else 0.0 for g in dag.freeze_groups()]
     record = None
     if obj.get("goodput") is not None:

@@ -33,6 +33,7 @@ Reads only files: tfplan never imports tfrun or torch.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,8 +186,8 @@ def _check_run_files(run: Path, config: Any, timings: Any) -> None:
     def bad(name: str, field: str, want: str) -> TfplanError:
         return TfplanError(f"{run / name}: {field}: must be {want}")
 
-    def num(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    def num(v: Any) -> bool:  # times in ms, and ratios: finite and >= 0 (NaN broke the report's columns)
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
 
     if not isinstance(config, dict):
         raise bad("run_config.json", "run configuration", "a JSON object")
@@ -199,18 +200,18 @@ def _check_run_files(run: Path, config: Any, timings: Any) -> None:
     if not isinstance(config.get("freeze", "plan"), str):
         raise bad("run_config.json", "freeze", "a string")
     ratios = config.get("ratios", {})
-    if not isinstance(ratios, dict) or not all(num(v) for v in ratios.values()):
-        raise bad("run_config.json", "ratios", "an object of numbers per action")
+    if not isinstance(ratios, dict) or not all(num(v) and v <= 1 for v in ratios.values()):
+        raise bad("run_config.json", "ratios", "an object of numbers in [0, 1] per action")
     if not isinstance(timings, dict):
         raise bad("timings.json", "timings", "a JSON object")
     actions = timings.get("actions")
     if not isinstance(actions, dict) or not all(
             isinstance(row, dict) and num(row.get("start_ms")) and num(row.get("duration_ms"))
             for row in actions.values()):
-        raise bad("timings.json", "actions", "an object of {start_ms, duration_ms} per action")
+        raise bad("timings.json", "actions", "an object of {start_ms, duration_ms} per action (finite, >= 0)")
     spans = timings.get("makespan_ms")
     if not isinstance(spans, dict) or not spans or not all(num(v) for v in spans.values()):
-        raise bad("timings.json", "makespan_ms", "a non-empty object of numbers")
+        raise bad("timings.json", "makespan_ms", "a non-empty object of finite numbers >= 0")
     per_step = timings.get("step_durations")
     if per_step is not None and not (
             isinstance(per_step, dict) and isinstance(per_step.get("actions"), list)
@@ -220,7 +221,7 @@ def _check_run_files(run: Path, config: Any, timings: Any) -> None:
         raise bad("timings.json", "step_durations", "{actions: [names], ms: {step: [one number per action]}}")
     ranks = timings.get("ranks", [])
     if not isinstance(ranks, list) or not all(
-            isinstance(r, dict) and isinstance(r.get("rank"), int) and num(r.get("tail_ms") or 0.0) for r in ranks):
+            isinstance(r, dict) and type(r.get("rank")) is int and num(r.get("tail_ms") or 0.0) for r in ranks):
         raise bad("timings.json", "ranks", "a list of {rank, tail_ms}")
 
 

@@ -1,4 +1,5 @@
-"""Pipeline actions in torch.distributed.pipelining's grammar: ``"{stage}{kind}{microbatch}"``.
+"""Pipeline actions in torch.distributed.pipelining's grammar: ``"{stage}{kind}{microbatch}"``, and the rows of
+torch's compute-only schedule CSV they fill (parse_csv).
 
 Compute kinds: F (forward), B (full backward), I (input-gradient backward), W (weight-gradient backward).
 A DualPipeV overlapped pair such as ``(0F7;7B3)OVERLAP_F_B`` is read as its two actions in order.
@@ -11,6 +12,8 @@ Action(stage=2, kind='F', mb=0)
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from typing import NamedTuple
 
@@ -63,3 +66,25 @@ def parse_cell(text: str) -> list[Action]:
     if overlap is not None:
         return [parse_action(part) for part in overlap.group(1).split(";") if part.strip()]
     return [parse_action(text)]
+
+
+def parse_csv(text: str, source: str = "schedule CSV") -> list[list[Action]]:
+    """Parse torch's compute-only CSV (empty cells are bubbles; overlapped pairs are expanded).
+
+    Raises:
+        TfplanError: naming the row (rank) and column of a cell that is not a compute action.
+    """
+    order = []
+    for rank, row in enumerate(csv.reader(io.StringIO(text))):
+        actions = []
+        for col, cell in enumerate(row):
+            try:
+                actions.extend(parse_cell(cell))
+            except TfplanError as exc:
+                raise TfplanError(f"{source}: rank {rank} (row {rank + 1}), column {col + 1}: {exc}") from None
+        order.append(actions)
+    while order and not order[-1]:
+        order.pop()  # trailing blank lines
+    if not order:
+        raise TfplanError(f"{source}: no rows")
+    return order

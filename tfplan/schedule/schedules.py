@@ -11,13 +11,11 @@ Placement: "loop" puts stage s on rank s % P; "v" (ZBV, DualPipeV) puts stages r
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from tfplan.errors import TfplanError
-from tfplan.schedule.actions import Action, parse_cell
+from tfplan.schedule.actions import Action, parse_csv
 from tfplan.schedule.schedules_v import dualpipev, zbv
 from tfplan.schedule.validate import check_order, infer_stage_to_rank
 
@@ -265,6 +263,9 @@ def stage_to_rank(placement: str, num_ranks: int, num_stages: int) -> tuple[int,
     )
 
 
+MAX_ACTIONS = 100_000_000  # a typo's 10**20 micro-batches filled the memory; 1e8 is 100x the largest plan measured
+
+
 def check_arguments(spec: ScheduleSpec, num_ranks: int, stages_per_rank: int, num_microbatches: int) -> None:
     """Reject (ranks, stages per rank, micro-batches) that the schedule (or torch's class) cannot run."""
     if num_ranks < 1:
@@ -276,6 +277,9 @@ def check_arguments(spec: ScheduleSpec, num_ranks: int, stages_per_rank: int, nu
         allowed = f"exactly {lo}" if lo == hi else f">= {lo}" if hi is None else f"{lo}..{hi}"
         raise TfplanError(f"schedule {spec.name} needs {allowed} stages per rank, got {stages_per_rank}")
     p, m = num_ranks, num_microbatches
+    if (actions := 3 * p * stages_per_rank * m) > MAX_ACTIONS:  # at most F, I and W per (stage, micro-batch)
+        raise TfplanError(f"{p} ranks x {stages_per_rank} stages per rank x {m} micro-batches is up to {actions:,} "
+                          f"actions, over the {MAX_ACTIONS:,} a schedule may have (a million take about 1.4 GB)")
     if spec.name == "1f1b" and m < p:
         raise TfplanError(f"schedule 1f1b needs at least as many micro-batches as ranks ({p}), got {m}")
     if spec.name in ("interleaved-1f1b", "interleaved-zb"):
@@ -353,28 +357,6 @@ def to_csv(schedule: Schedule, names: list[list[str]] | None = None) -> str:
     return "".join(",".join(row) + "\n" for row in rows)
 
 
-def parse_csv(text: str, source: str = "schedule CSV") -> list[list[Action]]:
-    """Parse torch's compute-only CSV (empty cells are bubbles; overlapped pairs are expanded).
-
-    Raises:
-        TfplanError: naming the row (rank) and column of a cell that is not a compute action.
-    """
-    order = []
-    for rank, row in enumerate(csv.reader(io.StringIO(text))):
-        actions = []
-        for col, cell in enumerate(row):
-            try:
-                actions.extend(parse_cell(cell))
-            except TfplanError as exc:
-                raise TfplanError(f"{source}: rank {rank} (row {rank + 1}), column {col + 1}: {exc}") from None
-        order.append(actions)
-    while order and not order[-1]:
-        order.pop()  # trailing blank lines
-    if not order:
-        raise TfplanError(f"{source}: no rows")
-    return order
-
-
 def load_csv(path: str, num_microbatches: int | None = None) -> Schedule:
     """Read and validate a user's schedule CSV (torch's compute-only format).
 
@@ -389,6 +371,8 @@ def load_csv(path: str, num_microbatches: int | None = None) -> Schedule:
         raise TfplanError(f"schedule CSV not found: {path}") from None
     except OSError as exc:
         raise TfplanError(f"cannot read schedule CSV {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise TfplanError(f"{path}: not a UTF-8 text file (byte {exc.start}); is it really a schedule CSV?") from None
     order = parse_csv(text, source=str(path))
     schedule = from_order(order, name="custom")
     if num_microbatches is not None and schedule.num_microbatches != num_microbatches:

@@ -78,6 +78,8 @@ GAP_TOL = 1e-9  # U - L <= GAP_TOL * max(1, |U|) certifies phases 1-2 (Note [LP 
 EVEN_GAP_TOL = 1e-7  # ... and phase 3 (even_spread)
 CAP_TOL = 1e-7  # a stage's mean ratio may exceed its cap by this much: both solvers' final check and the loader
 DEFAULT_TIME_LIMIT_S = 120.0  # the CLI's --time-limit
+MAX_TIME_LIMIT_S = 1e9
+"""About 30 years: GLOP takes its limit as int64 milliseconds, which 1e16 s and more overflowed."""
 # GLOP's default primal feasibility tolerance (1e-8, absolute) lets a re-simulated plan exceed the phase-1
 # makespan by more than REL_TOL on small instances; 1e-10 keeps it within (tests/tfplan/solve/). Both backends.
 GLOP_PARAMS = "primal_feasibility_tolerance: 1e-10"
@@ -124,8 +126,10 @@ class Deadline:
 
 def check_time_limit(time_limit_s: float | None) -> None:
     """Raises TfplanError naming --time-limit unless it is None or a positive finite number of seconds."""
-    if time_limit_s is not None and not (math.isfinite(time_limit_s) and time_limit_s > 0):
-        raise TfplanError(f"--time-limit: must be a positive number of seconds, got {time_limit_s:g}")
+    if time_limit_s is not None and not (math.isfinite(time_limit_s) and 0 < time_limit_s <= MAX_TIME_LIMIT_S):
+        raise TfplanError(f"--time-limit: must be a positive number of seconds up to {MAX_TIME_LIMIT_S:g}, "
+                          f"got {time_limit_s:g}")
+
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -139,7 +139,8 @@ def test_target_speedup_reachable() -> None:
     [
         ("1.49", r"^error: --target-speedup 1\.49 is unreachable under the caps; the best they allow is 1\.447x"),
         ("1.6", r"^error: --target-speedup 1\.6 is unreachable: even with everything frozen .* 1\.5x"),
-        ("0.5", r"^error: --target-speedup must be >= 1, got 0\.5"),
+        ("0.5", r"^error: --target-speedup must be a number >= 1, got 0\.5"),
+        ("nan", r"^error: --target-speedup must be a number >= 1, got nan"),
     ],
 )
 def test_target_speedup_unreachable(tmp_path, target: str, message: str) -> None:
@@ -190,3 +191,29 @@ def test_the_learning_model_is_selectable_by_name(tmp_path) -> None:
     rows = json.loads(ok("whatif", "-p", noisy, "--schedules", "1f1b", "-m", "8", "--caps", "0.9", "--json",
                          "--learning-model", "momentum").output)
     assert rows[0]["goodput"] > 0
+
+
+def test_outputs_are_checked_before_the_work_and_never_overwrite_an_input(tmp_path) -> None:
+    profile = tmp_path / "profile.json"
+    profile.write_text(open(UNIFORM).read())
+    for args, message in [
+        (["solve", "-p", profile, "-s", "1f1b", "-m", "8", "-o", profile], "it is also an input of this command"),
+        (["solve", *TOY, "-o", "."], "cannot write .: it is a folder"),
+        (["whatif", "-p", profile, "--schedules", "1f1b", "-m", "8", "--caps", "0.5", "--csv", tmp_path / "w.csv",
+          "--plot", tmp_path / "nodir" / "w.png"], "folder .*nodir does not exist"),
+    ]:
+        result = run(*args)
+        assert result.exit_code == 1 and re.search(message, result.stderr), result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.json"]  # the whatif's CSV not written either
+    assert json.loads(profile.read_text())["name"] == "toy-uniform-4"
+
+
+def test_a_failed_solve_keeps_the_plan_that_was_there(tmp_path) -> None:
+    plan = tmp_path / "plan.json"
+    ok("solve", *TOY, "-o", plan)
+    before = plan.read_bytes()
+    (tmp_path / "plan.csv").unlink()
+    (tmp_path / "plan.csv").mkdir()  # its schedule CSV cannot be written: the earlier plan stays as it was
+    result = run("solve", *TOY, "-c", "0.5", "-o", plan)
+    assert result.exit_code == 1 and "plan.csv: it is a folder" in result.stderr
+    assert plan.read_bytes() == before

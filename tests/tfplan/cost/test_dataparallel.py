@@ -47,6 +47,9 @@ def test_dp_errors_are_one_line():
         dataparallel.with_dp(profile.load(PROFILES / "toy-uniform-4.json"), 4, IB)
     with pytest.raises(TfplanError, match="GBPS:LATENCY_US"):
         dataparallel.parse_link("fast:x", base)
+    for text in ("1:inf", "nan:1", "inf:0", "0:1", "1:-1"):  # (NaN once made every tail 0, inf a traceback)
+        with pytest.raises(TfplanError, match="bandwidth must be finite and > 0, latency finite and >= 0"):
+            dataparallel.parse_link(text, base)
     assert dataparallel.parse_link("ib", base).name == "ib-ndr"  # the profile's GPU (H200) generation
     assert dataparallel.parse_link("12.5:40", base).gb_per_s == 12.5
 

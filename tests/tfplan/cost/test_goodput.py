@@ -3,13 +3,14 @@ makespan objective without noise, and the optimum against an independent search 
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from tests.conftest import PROFILES
 from tfplan.cost import profile
-from tfplan.cost.goodput import NoiseModel, efficiency, evaluate, progress
+from tfplan.cost.goodput import NoiseModel, efficiency, evaluate, progress, stage_value
 from tfplan.schedule import schedules
 from tfplan.solve import solver
 from tfplan.solve.fastlp.goodput import solve_goodput
@@ -198,3 +199,11 @@ def test_the_time_limit_leaves_the_best_plan_found_uncertified():
     assert not out_of_time.certified and out_of_time.means == [0.0, 0.0] and out_of_time.bound == float("inf")
     full = solve_goodput(d, [0.9, 0.9], noise, 2048.0)
     assert full.certified and full.goodput >= out_of_time.goodput
+
+
+def test_stage_value_stays_finite_at_the_largest_noise_scale() -> None:
+    # (kept + N)**2 overflowed at N = 1e308 (a traceback from `tfplan whatif --noise-scale 1e308`).
+    e, slope = stage_value((1.0, 1e308, 1.0), 0.5, 8192.0)
+    assert e == pytest.approx(4096.0 / 1e308) and math.isfinite(slope) and slope <= 0.0
+    e, slope = stage_value((1.0, 1e308, 0.5), 0.5, 8192.0)
+    assert math.isfinite(e) and math.isfinite(slope)

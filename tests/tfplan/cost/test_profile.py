@@ -93,11 +93,22 @@ def test_schema_version_true_is_rejected() -> None:
 
 
 def test_zero_times_are_allowed_and_optional_fields_default() -> None:
-    obj = _set(_set(_valid(1), "source", DELETE), "step_overhead_ms", DELETE)
+    obj = _set(_set(_valid(2), "source", DELETE), "step_overhead_ms", DELETE)
     obj["stages"][0] = {f: 0.0 for f in COST_FIELDS}
     prof = profile.from_dict(obj)
     assert prof.source == {} and prof.step_overhead_ms == 0.0
     assert prof.stages[0] == StageCost(**{f: 0.0 for f in COST_FIELDS})
+
+
+def test_a_step_of_no_time_and_numbers_past_the_limit_are_refused() -> None:
+    obj = _valid(2)
+    obj["stages"] = [{f: 0.0 for f in COST_FIELDS}] * 2  # (a ZeroDivisionError in the plan's speedup before)
+    with pytest.raises(TfplanError, match=r"^stages: every forward_ms and backward_ms is 0"):
+        profile.from_dict(obj)
+    obj = _valid(2)
+    obj["stages"][1]["forward_ms"] = 1e200  # (GLOP failed on it; 1e308 overflowed the simulator's sums)
+    with pytest.raises(TfplanError, match=r"^stages\[1\]\.forward_ms: must be at most 1e\+15, got 1e\+200"):
+        profile.from_dict(obj)
 
 
 def test_to_dict_from_dict_round_trip() -> None:

@@ -243,9 +243,10 @@ def test_table_ratios_of_unfreezable_actions_are_rejected_on_load() -> None:
         plan_mod.from_dict(obj)
 
 
-def test_target_speedup_must_be_a_number(plan_obj) -> None:
-    plan_obj["target_speedup"] = "fast"
-    with pytest.raises(TfplanError, match="target_speedup: must be a number or null"):
+@pytest.mark.parametrize("target", ["fast", float("nan"), -2.0, 0.5, float("inf"), True])
+def test_target_speedup_must_be_a_finite_number_from_1(plan_obj, target) -> None:
+    plan_obj["target_speedup"] = target
+    with pytest.raises(TfplanError, match="target_speedup: must be a finite number >= 1 or null"):
         plan_mod.from_dict(plan_obj)
 
 

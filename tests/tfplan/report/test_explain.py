@@ -156,6 +156,25 @@ def test_bad_run_directories_are_one_line_errors(tmp_path):
     assert result.exit_code == 1 and "older tfrun" in result.output
 
 
+@pytest.mark.parametrize(("name", "edit", "field"), [
+    ("timings.json", lambda t, c: t["actions"]["1B3"].update(duration_ms=float("nan")), "actions"),
+    ("timings.json", lambda t, c: t["actions"]["0F0"].update(start_ms=-1.0), "actions"),
+    ("timings.json", lambda t, c: t["makespan_ms"].update({"3": float("inf")}), "makespan_ms"),
+    ("run_config.json", lambda t, c: c.update(ratios={"1B3": 5.0}), "ratios"),
+    ("timings.json", lambda t, c: t.update(ranks=[{"rank": True, "tail_ms": 0.0}]), "ranks"),
+])
+def test_run_files_with_numbers_that_are_no_times_are_one_line_errors(tmp_path, name, edit, field):
+    # NaN and infinities in a run's files once reached the report's columns (a ValueError traceback).
+    plan_path, p = _plan(tmp_path)
+    run = _run(tmp_path, plan_path, p, {})
+    timings, config = (json.loads((run / f).read_text()) for f in ("timings.json", "run_config.json"))
+    edit(timings, config)
+    (run / "timings.json").write_text(json.dumps(timings))
+    (run / "run_config.json").write_text(json.dumps(config))
+    with pytest.raises(TfplanError, match=f"{name}: {field}: must be"):
+        explain.explain(run, None)
+
+
 def _with_step_durations(run: Path, p: plan.Plan, rows: dict[str, list[float]]) -> None:
     """Add per-step durations (ms, in the DAG's action order, without dispatch) to a run's timings.json."""
     timings = json.loads((run / "timings.json").read_text())

@@ -122,6 +122,9 @@ def test_load_csv_checks_microbatches(tmp_path) -> None:
         schedules.load_csv(str(path), 4)
     with pytest.raises(TfplanError, match="not found"):
         schedules.load_csv(str(tmp_path / "missing.csv"))
+    (tmp_path / "binary.csv").write_bytes(b"\xff\xfe0F0")
+    with pytest.raises(TfplanError, match=r"binary\.csv: not a UTF-8 text file \(byte 0\)"):
+        schedules.load_csv(str(tmp_path / "binary.csv"))
 
 
 @pytest.mark.parametrize(
@@ -134,6 +137,7 @@ def test_load_csv_checks_microbatches(tmp_path) -> None:
         ("interleaved-1f1b", 4, 9, 2, r"multiple of the rounds max\(1, M // P\) = 2"),
         ("zbv", 2, 4, 3, "zbv needs exactly 2 stages per rank, got 3"),
         ("dualpipev", 3, 5, None, r"at least as many micro-batches as stages \(6\), got 5"),
+        ("1f1b", 2, 10**20, None, r"is up to 600,000,000,000,000,000,000 actions, over the 100,000,000"),
     ],
 )
 def test_arguments_a_schedule_cannot_run(name, p, m, v, message) -> None:

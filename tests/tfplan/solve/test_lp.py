@@ -80,8 +80,9 @@ def test_time_limit_is_a_clear_error() -> None:
     dag = dag_mod.build(schedules.generate("1f1b", 8, 128), _hetero(8))  # GLOP needs about 0.5 s
     with pytest.raises(TfplanError, match=r"^--time-limit: GLOP reached the limit of 0\.001 s (before|in) LP phase"):
         solver.solve(dag, 0.9, time_limit_s=0.001)
-    with pytest.raises(TfplanError, match="--time-limit: must be a positive number of seconds, got 0"):
-        solver.solve(dag, 0.9, time_limit_s=0.0)
+    for bad in (0.0, 1e18):  # (1e18 s overflowed GLOP's int64 milliseconds)
+        with pytest.raises(TfplanError, match="--time-limit: must be a positive number of seconds up to 1e"):
+            solver.solve(dag, 0.9, time_limit_s=bad)
     sol = solver.solve(_toy_dag("gpipe"), 0.9, time_limit_s=60.0)
     assert sol.status == "OPTIMAL" and sol.time_limit_s == 60.0
     assert all(p.gap is None for p in sol.phases)  # GLOP certifies by its own status (Note [LP certificate])
