@@ -67,6 +67,14 @@ def check_output(path: str | Path, inputs: tuple[str | Path | None, ...] = ()) -
             raise TfplanError(f"cannot write {path}: it is also an input of this command; write elsewhere")
 
 
+def plain_mode(fd: int) -> None:
+    """Give a file from tempfile.mkstemp (created 0600) the mode a plain open() would: 0666 less the umask, so that
+    what is renamed over a target is as readable by the user's group as any file they write."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+
+
 def _temp_with(path: Path, data: bytes) -> str:
     """A temp file beside `path` holding `data`, with the mode a plain open() would give it."""
     folder = path.parent if str(path.parent) else Path(".")
@@ -79,10 +87,7 @@ def _temp_with(path: Path, data: bytes) -> str:
     except OSError as exc:
         raise TfplanError(f"cannot write {path}: {exc.strerror}") from None
     try:
-        # mkstemp creates the file 0600; give it the mode a plain open() would (0666 less the umask).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
+        plain_mode(fd)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
     except OSError as exc:

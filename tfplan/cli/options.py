@@ -95,7 +95,7 @@ def job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ran
 LearningModelOpt = Annotated[
     str | None,
     typer.Option("--learning-model", help="Read the profile's noise section under this learning model: mccandlish, "
-                                          "momentum or adam (tfplan.cost.goodput Note [learning models]; default: "
+                                          "momentum or adam (tfplan.cost.goodput Note \\[learning models]; default: "
                                           "the one the section names; docs/cost-model.md, 'Which learning model')."),
 ]
 

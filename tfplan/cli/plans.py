@@ -74,8 +74,9 @@ def solve_cmd(
     stage0_anchor: Annotated[
         bool,
         typer.Option("--stage0-anchor/--no-stage0-anchor",
-                     help="Keep one stage-0 backward unfrozen, so that tfrun can freeze prefixes there (time linear "
-                          "in the ratio) while the whole stage still trains (tfplan.plan.job Note [stage-0 anchor])."),
+                     help="Keep one stage-0 backward unfrozen, so that tfrun can freeze prefixes there (time "
+                          "linear in the ratio) while the whole stage still trains (tfplan.plan.job Note "
+                          "\\[stage-0 anchor])."),
     ] = True,
     objective: Annotated[
         Objective,

@@ -21,7 +21,7 @@ def profile_cmd(
         str | None,
         typer.Option(
             "--model", help="Model: llama3.2-1b/3b, llama3.1-8b/70b (analytic); tiny (default), small, ..., or "
-                            "hf:DIR, a Hugging Face LLaMA checkpoint folder (measured)."
+                            "hf:DIR, a Hugging Face checkpoint folder of LLaMA, Qwen2, Qwen3 or Mistral (measured)."
         ),
     ] = None,
     stages: Annotated[

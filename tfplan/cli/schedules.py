@@ -30,7 +30,7 @@ from tfplan.fileio import check_output, write_json_atomic, write_text_atomic
 from tfplan.plan.job import build
 from tfplan.report.render import (
     gantt_panels,
-    grid_table,
+    grid_tables,
     headline,
     legend,
     simulation_json,
@@ -160,6 +160,8 @@ def show_schedule_cmd(
         title = (
             f"{sched.name}: {sched.num_ranks} ranks, {sched.num_stages} stages, {sched.num_microbatches} micro-batches"
         )
-        out().print(grid_table(rows, title))
+        console = out()
+        for table in grid_tables(rows, title, console.width):
+            console.print(table)
         if csv_path:
             out().print(f"CSV written to {csv_path}")

@@ -177,17 +177,28 @@ def gantt_panels(dag: Dag, sim: Simulation, width: int, min_cols_per_action: int
     return panels
 
 
-def grid_table(order_rows: Sequence[Sequence[str]], title: str) -> Table:
-    """The rank x step grid of a schedule (action strings)."""
+def grid_table(order_rows: Sequence[Sequence[str]], title: str, steps: range | None = None) -> Table:
+    """The rank x step grid of a schedule (action strings), over `steps` (None: all of them)."""
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     table.add_column("rank", justify="right", style="bold")
-    steps = max(len(r) for r in order_rows)
-    for step in range(steps):
-        table.add_column(str(step), justify="center")
+    steps = range(max(len(r) for r in order_rows)) if steps is None else steps
+    for step in steps:
+        table.add_column(str(step), justify="center", no_wrap=True)
     for r, row in enumerate(order_rows):
-        cells = [Text(a, style=KIND_STYLE[parse_action(a).kind]) for a in row] + [Text("")] * (steps - len(row))
+        cells = [Text(row[s], style=KIND_STYLE[parse_action(row[s]).kind]) if s < len(row) else Text("")
+                 for s in steps]
         table.add_row(str(r), *cells)
     return table
+
+
+def grid_tables(order_rows: Sequence[Sequence[str]], title: str, width: int) -> list[Table]:
+    """grid_table cut into windows of consecutive steps that fit `width` columns each, so that every cell keeps its
+    whole action (one table of a few dozen steps at 80 columns was squeezed to blank cells)."""
+    steps = max(len(r) for r in order_rows)
+    cell = max([len(a) for r in order_rows for a in r] + [len(str(steps - 1))])
+    per = max(1, (width - 7) // (cell + 3))  # the rank column and each step's, with their separators
+    return [grid_table(order_rows, title if lo == 0 else f"(steps {lo}..{min(steps, lo + per) - 1})",
+                       range(lo, min(steps, lo + per))) for lo in range(0, steps, per)]
 
 
 def simulation_json(dag, sim: Simulation, freeze_ratio: float, profile_name: str) -> dict:

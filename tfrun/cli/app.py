@@ -57,7 +57,7 @@ def compare_cmd(
     train and eval loss, eval gap (also against the unfrozen run after the same training time) and the
     training time to reach the unfrozen run's final eval loss.
 
-    Example: tfrun compare runs/none runs/plan runs/apf --plot compare.png
+    Example: tfrun compare runs/baseline runs/plan runs/apf --plot compare.png
     """
     from rich.table import Table
 
@@ -95,6 +95,10 @@ def compare_cmd(
         # off a terminal rich assumes 80 columns and wraps every cell; a file gets the table whole
         console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
         console.print(table)
+        once = [Path(run.dir).name for run in loaded if sum("eval_loss" in row for row in run.steps) < 2]
+        if once:  # their '-' under the gap at equal time and the efficiency would say nothing of why
+            console.print(f"{', '.join(once)}: evaluated once, at the end, so no loss curve to read the gap at equal "
+                          "time or the efficiency from; train with --eval-every K to have one")
         if plot:
             console.print(f"plot written to {plot}")
 
@@ -134,7 +138,7 @@ def retime_cmd(
     of them alike. Then `tfrun compare RUN... --paired OUT/retime.json` gives the gap at equal time on that time
     axis.
 
-    Example: tfrun retime runs/none runs/plan --out runs/retime && tfrun compare runs/none runs/plan --paired
+    Example: tfrun retime runs/baseline runs/plan --out runs/retime && tfrun compare runs/baseline runs/plan --paired
     runs/retime/retime.json
     """
     from tfrun import retime

@@ -55,8 +55,8 @@ def model_config(name: str) -> ModelConfig:
     if is_hf(name):
         return hf.read_config(hf.folder_of(name))
     if name not in MODELS:
-        raise ModelError(f"unknown model {name!r}; known: {', '.join(MODELS)}, or hf:DIR (a Hugging Face LLaMA "
-                         f"checkpoint folder)")
+        raise ModelError(f"unknown model {name!r}; known: {', '.join(MODELS)}, or hf:DIR (a Hugging Face checkpoint "
+                         f"folder of LLaMA, Qwen2, Qwen3 or Mistral)")
     return MODELS[name]
 
 

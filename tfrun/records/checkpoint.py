@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tfplan.fileio import plain_mode
 from tfrun.errors import TfrunError
 from tfrun.records.checkpoint_choice import (  # (the layout and the choice, re-exported: checkpoint.choose, ...)
     INDEX_VERSION,
@@ -94,6 +95,7 @@ def _write_durable(path: Path, write) -> tuple[int, str]:
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        plain_mode(fd)  # (exported weights were owner-only: mkstemp's 0600)
         with os.fdopen(fd, "wb") as f:
             stream = _HashingWriter(f)
             write(stream)

@@ -120,3 +120,10 @@ libc.malloc_stats()
             pytest.skip("not glibc (no malloc_stats)")
         arenas.append(sum(line.startswith("Arena ") for line in run.stderr.splitlines()))
     assert arenas == [2, 1]  # the worker's own arena by default, the main one with the CLI's setting
+
+
+def test_help_keeps_the_notes_it_names() -> None:
+    # Rich reads "[stage-0 anchor]" as a style tag and drops it unless escaped ("Note )." was printed).
+    for args, note in ((["solve", "--help"], "Note [stage-0 anchor]"), (["whatif", "--help"], "Note [learning")):
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+        assert result.exit_code == 0 and note in result.output, result.output

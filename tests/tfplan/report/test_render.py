@@ -206,6 +206,16 @@ def test_grid_and_sweep_tables() -> None:
     for r, actions in enumerate(rows):
         line = next(line for line in out.split("\n") if re.match(rf"\s*{r}\s*\u2502", line))
         assert re.findall(r"\d+[FBIW]\d+", line) == actions
+    # At 80 columns a schedule of 32 steps comes in windows of whole cells (one table blanked every cell).
+    rows = [[str(a) for a in r] for r in schedules.generate("interleaved-1f1b", 4, 8).order]
+    for width in (40, 80, 120):
+        tables = render.grid_tables(rows, "grid", width)
+        texts = [_render(t, width=width) for t in tables]
+        assert all(len(line) <= width for text in texts for line in text.split("\n"))
+        for r, actions in enumerate(rows):
+            found = [a for text in texts for line in text.split("\n") if re.match(rf"\s*{r}\s*\u2502", line)
+                     for a in re.findall(r"\d+[FBIW]\d+", line)]
+            assert found == actions, (width, r)
     sweep_rows = sweep.sweep(str(UNIFORM), ["1f1b", "gpipe"], [2, 8], [0.5])
     out = _render(plan_view.sweep_table(sweep_rows, "what-if"), width=200)
     assert "n/a [1]" in out and "[1] schedule 1f1b needs at least" in out

@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -170,3 +172,14 @@ def test_a_huge_world_size_is_refused_at_once() -> None:
     # found by the fuzzer above: the check built the set of 10**12 expected names (10 GB, minutes)
     with pytest.raises(TfrunError, match=r"^index\.files: must name rank0\.pt \.\. rank999999999999\.pt"):
         checkpoint.index_from_dict(INDEX | {"world_size": 10**12})
+
+
+def test_checkpoint_files_get_the_mode_a_plain_open_gives(tmp_path) -> None:
+    # mkstemp creates files 0600: exported weights and checkpoints were readable by their owner alone.
+    umask = os.umask(0o022)
+    try:
+        size, digest = checkpoint._write_durable(tmp_path / "w.bin", lambda stream: stream.write(b"abc"))
+    finally:
+        os.umask(umask)
+    assert (size, stat.S_IMODE((tmp_path / "w.bin").stat().st_mode)) == (3, 0o644)
+    assert digest == hashlib.sha256(b"abc").hexdigest()

@@ -114,6 +114,10 @@ def test_the_command_line_prints_writes_json_and_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     human = CliRunner().invoke(app, ["compare", *dirs, "--per-stage"])
     assert human.exit_code == 0 and "not reached" in human.output and "0.20 0.60" in human.output
+    assert "evaluated once" not in human.output
+    once = [str(_run_dir(tmp_path, name, freeze, 500.0, {9: 1.5})) for name, freeze in (("n1", "none"), ("p1", "plan"))]
+    human = CliRunner().invoke(app, ["compare", *once])  # the '-' a run without a curve gets is explained
+    assert human.exit_code == 0 and "n1, p1: evaluated once, at the end" in " ".join(human.output.split())
 
 
 def test_incomparable_runs_are_refused_unless_forced(tmp_path):
