@@ -98,13 +98,13 @@ def solve_cmd(
     from tfplan.plan.job import solve_job
 
     with user_errors():
-        if output:  # before the solve, which may take minutes
-            check_output(output, (profile, schedule_csv))
-            check_output(plan_mod.csv_path_of(output), (profile, schedule_csv))
         spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp,
                         dp_link, learning_model)
         plan_obj = solve_job(spec, parse_caps(max_freeze_ratio), target_speedup, solver_backend.value, time_limit,
                              stage0_anchor, objective.value)
+        if output:  # (after the inputs' own errors, which come first; plan_mod.write then writes both or neither)
+            check_output(output, (profile, schedule_csv))
+            check_output(plan_mod.csv_path_of(output), (profile, schedule_csv))
         csv_path = plan_mod.write(plan_obj, output) if output else None
         if as_json:
             print(json.dumps(plan_json(plan_obj) | {"output": output, "schedule_csv": str(csv_path or "") or None}))
@@ -134,12 +134,11 @@ def show_cmd(
     from tfplan.plan import plan as plan_mod
 
     with user_errors():
-        if trace:
-            check_output(trace, (plan_path, profile))
         plan_obj = plan_mod.load(plan_path)
         if profile is not None:
             plan_obj = with_goodput(plan_obj, profile, learning_model)
         if trace:
+            check_output(trace, (plan_path, profile))
             dag = plan_obj.dag
             sim = simulate_mod.simulate(dag, dag.durations(list(plan_obj.ratios)))
             write_json_atomic(trace, chrome_trace(dag, sim, list(plan_obj.ratios), name=f"plan {plan_path}"))
@@ -216,11 +215,6 @@ def whatif_cmd(
     from tfplan.report.plan_view import sweep_table
 
     with user_errors():
-        for path in (csv_out, plot):  # before the sweep
-            if path:
-                check_output(path, (profile,))
-        if csv_out and plot and Path(csv_out).resolve() == Path(plot).resolve():
-            raise TfplanError(f"--csv and --plot: both name {csv_out}; give two files")
         names = split_list(schedules_list, "--schedules", str)
         for name in names:
             schedules.get_spec(name)
@@ -252,6 +246,11 @@ def whatif_cmd(
                 noise_scale=split_list(noise_scale, "--noise-scale", float) if noise_scale else None,
                 learning_model=learning_model,
             )
+        for path in (csv_out, plot):  # both writable before either is written
+            if path:
+                check_output(path, (profile,))
+        if csv_out and plot and Path(csv_out).resolve() == Path(plot).resolve():
+            raise TfplanError(f"--csv and --plot: both name {csv_out}; give two files")
         if csv_out:
             write_text_atomic(csv_out, sweep_mod.to_csv(rows))
         if plot:

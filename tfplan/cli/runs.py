@@ -92,7 +92,6 @@ def profile_cmd(
     from tfplan.cost import profile as profile_mod
 
     with user_errors():
-        check_output(output)  # before measuring, which takes a while
         if analytic:
             from tfplan.cost import costmodel, hardware
 
@@ -106,11 +105,13 @@ def profile_cmd(
                 )
             if noise_scale is not None:
                 prof = given_noise(prof, noise_scale, grad_sq_share, microbatch_size * seq_len)
+            check_output(output)
             write_json_atomic(output, prof.to_dict())
         else:
             if noise_scale is not None or grad_sq_share is not None:
                 raise TfplanError("--noise-scale and --grad-sq-share are for --analytic profiles: a measured "
                                   "profile measures its noise scale")
+            check_output(output)  # before measuring, which takes a minute or more
             prof = measure_profile(output, model or "tiny", stages, stages_per_rank, microbatches, schedule, steps,
                                    microbatch_size, seq_len, repeat, dp, init_from, data, work_dir)
         if as_json:

@@ -66,8 +66,6 @@ def simulate_cmd(
     Example: tfplan simulate -p profiles/toy-uniform-4.json -s 1f1b -m 8
     """
     with user_errors():
-        if trace:
-            check_output(trace, (profile, schedule_csv))
         if not 0.0 <= freeze_ratio <= 1.0:
             raise TfplanError(f"--freeze-ratio must be in [0, 1], got {freeze_ratio}")
         spec = job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp,
@@ -75,6 +73,7 @@ def simulate_cmd(
         prof, sched, dag = build(spec)
         sim = simulate_mod.simulate(dag, dag.durations(freeze_ratio))
         if trace:
+            check_output(trace, (profile, schedule_csv))
             write_json_atomic(trace, chrome_trace(dag, sim, name=f"{sched.name} (freeze ratio {freeze_ratio:g})"))
         if as_json:
             print(json.dumps(simulation_json(dag, sim, freeze_ratio, prof.name)))
@@ -138,8 +137,6 @@ def show_schedule_cmd(
     Example: tfplan show-schedule -s interleaved-1f1b --ranks 4 -m 8 --csv sched.csv
     """
     with user_errors():
-        if csv_path:
-            check_output(csv_path)
         sched = schedules.generate(schedule, ranks, microbatches, stages_per_rank)
         if csv_path:
             write_text_atomic(csv_path, schedules.to_csv(sched))
