@@ -193,7 +193,7 @@ def test_the_learning_model_is_selectable_by_name(tmp_path) -> None:
     assert rows[0]["goodput"] > 0
 
 
-def test_outputs_are_checked_before_the_work_and_never_overwrite_an_input(tmp_path) -> None:
+def test_outputs_that_cannot_be_written_or_would_overwrite_an_input_are_refused(tmp_path) -> None:
     profile = tmp_path / "profile.json"
     profile.write_text(open(UNIFORM).read())
     for args, message in [
