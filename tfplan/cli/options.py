@@ -78,6 +78,8 @@ DpLinkOpt = Annotated[
 
 def job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ranks, layers_per_stage, dp=1,
              dp_link=None, learning_model=None) -> JobSpec:
+    if dp_link is not None and dp == 1:
+        raise TfplanError("--dp-link is the link of the replicas' gradient reduction: it needs --dp D > 1")
     return JobSpec(
         profile_path=profile,
         schedule=schedule,
@@ -92,11 +94,21 @@ def job_spec(profile, schedule, schedule_csv, microbatches, stages_per_rank, ran
     )
 
 
+def _learning_model_name(value: str | None) -> str | None:
+    """--learning-model checked when given, whether or not the profile has a noise section to read with it."""
+    from tfplan.cost.goodput import LEARNING_MODELS
+
+    if value is not None and value not in LEARNING_MODELS:
+        raise typer.BadParameter(f"must be one of {', '.join(LEARNING_MODELS)}, got {value!r}")
+    return value
+
+
 LearningModelOpt = Annotated[
     str | None,
-    typer.Option("--learning-model", help="Read the profile's noise section under this learning model: mccandlish, "
-                                          "momentum or adam (tfplan.cost.goodput Note \\[learning models]; default: "
-                                          "the one the section names; docs/cost-model.md, 'Which learning model')."),
+    typer.Option("--learning-model", callback=_learning_model_name,
+                 help="Read the profile's noise section under this learning model: mccandlish, momentum or adam "
+                      "(tfplan.cost.goodput Note \\[learning models]; default: the one the section names; "
+                      "docs/cost-model.md, 'Which learning model')."),
 ]
 
 

@@ -219,6 +219,8 @@ def whatif_cmd(
         for name in names:
             schedules.get_spec(name)
         counts = split_list(microbatches, "--microbatches", int)
+        if any(c < 1 for c in counts):  # (every row was "skipped" before)
+            raise TfplanError(f"--microbatches: every count must be >= 1, got {microbatches}")
         cap_values = split_list(caps, "--caps", float)
         dps = split_list(dp, "--dp", int)
         sweep_mod.check_caps_list(cap_values)

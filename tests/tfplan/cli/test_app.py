@@ -25,6 +25,7 @@ from tfplan.cli.app import app
         ["show"],
         ["no-such-command"],
         ["show-schedule", "-s", "1f1b", "-m", "4"],  # --ranks missing
+        ["solve", *TOY, "--learning-model", "sgd"],  # checked with or without a noise section to read
     ],
 )
 def test_usage_errors_exit_2(args) -> None:

@@ -183,7 +183,7 @@ def test_the_learning_model_is_selectable_by_name(tmp_path) -> None:
     assert json.loads(ok(*v3).output)["goodput"]["noise"]["learning_model"] == "mccandlish"
     result = run(*v3, "--learning-model", "adam")
     assert result.exit_code == 1 and "no update_share" in result.output and "\n" not in result.output.strip()
-    assert run(*args, "--learning-model", "sgd").exit_code == 1
+    assert run(*args, "--learning-model", "sgd").exit_code == 2  # a usage error, named when parsed
     plan = tmp_path / "plan.json"
     ok("solve", "-p", noisy, "-s", "1f1b", "-m", "8", "-o", str(plan))
     shown = json.loads(ok("show", str(plan), "--profile", noisy, "--learning-model", "momentum", "--json").output)
@@ -217,3 +217,13 @@ def test_a_failed_solve_keeps_the_plan_that_was_there(tmp_path) -> None:
     result = run("solve", *TOY, "-c", "0.5", "-o", plan)
     assert result.exit_code == 1 and "plan.csv: it is a folder" in result.stderr
     assert plan.read_bytes() == before
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["simulate", *TOY, "--dp-link", "ib"], "--dp-link is the link of the replicas' gradient reduction: it needs"),
+    (["whatif", "-p", UNIFORM, "--schedules", "1f1b", "-m", "0,8", "--caps", "0.5"],
+     "--microbatches: every count must be >= 1, got 0,8"),
+])
+def test_options_that_would_be_ignored_are_errors(args, message) -> None:
+    result = run(*args)
+    assert result.exit_code == 1 and message in result.stderr, result.stderr
