@@ -320,7 +320,7 @@ def from_dict(obj: Any) -> Plan:
     dag = build(sched, prof)
 
     caps = require(obj, "max_freeze_ratio", list, "")
-    if len(caps) != sched.num_stages or not all(isinstance(c, (int, float)) and 0 <= c <= 1 for c in caps):
+    if len(caps) != sched.num_stages or not all(type(c) in (int, float) and 0 <= c <= 1 for c in caps):  # (no bools)
         raise TfplanError(f"max_freeze_ratio: must list {sched.num_stages} caps in [0, 1]")
     ratios = ratios_v3(obj, dag) if version >= 3 else ratios_v2(obj, dag)
     predicted, none, planned = _predict(dag, ratios)

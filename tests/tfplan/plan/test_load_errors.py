@@ -175,6 +175,11 @@ BAD_PLANS = [
         r"^max_freeze_ratio: must list 4 caps in \[0, 1\]",
     ),
     (
+        "a cap given as a boolean",
+        lambda o: o | {"max_freeze_ratio": [True, 0.9, 0.9, 0.9]},
+        r"^max_freeze_ratio: must list 4 caps in \[0, 1\]",
+    ),
+    (
         "num_ranks disagrees with order",
         lambda o: _edit(o, lambda x: x["schedule"].__setitem__("num_ranks", 5)),
         r"^schedule\.num_ranks: says 5 but the order has 4",
