@@ -27,7 +27,8 @@ from tfplan import __version__
 from tfplan.cost import profile as profile_mod
 from tfplan.cost.goodput import NoiseModel, PlanGoodput, plan_goodput, record_from_dict
 from tfplan.errors import TfplanError
-from tfplan.fileio import field_name, json_text, read_json, write_files_atomic
+from tfplan.fileio import json_text, read_json, write_files_atomic
+from tfplan.plan.plan_profile import profile_section, source_provenance
 from tfplan.plan.plan_ratios import ratio_table, ratios_v2, ratios_v3, require
 from tfplan.schedule import schedules
 from tfplan.schedule.actions import parse_action
@@ -39,8 +40,6 @@ SCHEMA_VERSION = 3  # 2: solver.phases[i].gap, solver.time_limit_s, status FEASI
 # profile.source (optional: plans written before it still load, with an empty source); 3: freeze_ratio as a
 # stage x micro-batch table instead of the per-action list `actions` (Note [compact plan])
 READABLE_VERSIONS = (1, 2, 3)
-MAX_SOURCE_FIELDS = 64
-"""profile.source keeps at most this many fields (a plan records provenance, not the profile's notes)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -206,19 +205,6 @@ def with_stage_ratios(plan: Plan, per_stage: Sequence[float]) -> Plan:
     return replace(plan, ratios=tuple(ratios), predicted=predicted, timelines=(none, planned), goodput=None)
 
 
-def source_provenance(source: dict[str, Any]) -> dict[str, Any]:
-    """The provenance a plan keeps of its profile's source: its scalar fields (nested notes such as measured
-    fields or repeats dropped, and numbers that are not finite, which the plan's reader rejects), at most
-    MAX_SOURCE_FIELDS of them.
-
-    >>> source_provenance({"kind": "measured", "model": "tiny", "measured_fields": {"0": ["forward_ms"]}, "x": 1e999})
-    {'kind': 'measured', 'model': 'tiny'}
-    """
-    kept = {k: v for k, v in source.items() if isinstance(k, str) and isinstance(v, (str, int, float, bool, type(None)))
-            and not (isinstance(v, float) and not math.isfinite(v))}
-    return dict(list(kept.items())[:MAX_SOURCE_FIELDS])
-
-
 def to_dict(plan: Plan, names: list[list[str]] | None = None) -> dict[str, Any]:
     """The plan as its JSON object (docs/formats.md; Note [compact plan]); `names`: schedules.action_names of its
     schedule, when the caller has them."""
@@ -305,18 +291,7 @@ def from_dict(obj: Any) -> Plan:
         if require(sched_obj, key, int, "schedule.") != getattr(sched, key):
             raise TfplanError(f"schedule.{key}: says {sched_obj[key]} but the order has {getattr(sched, key)}")
 
-    prof_obj = require(obj, "profile", dict, "")
-    stages = require(prof_obj, "stages", list, "profile.")
-    prof = profile_mod.from_dict(
-        {
-            "schema_version": profile_mod.SCHEMA_VERSION,
-            "name": require(prof_obj, "name", str, "profile."),
-            "p2p_ms": prof_obj.get("p2p_ms", 0.0),
-            "dispatch_ms": prof_obj.get("dispatch_ms", 0.0),
-            "step_overhead_ms": prof_obj.get("step_overhead_ms", 0.0),
-            "stages": stages,
-        }
-    )
+    prof, prof_hash, prof_source = profile_section(require(obj, "profile", dict, ""))
     dag = build(sched, prof)
 
     caps = require(obj, "max_freeze_ratio", list, "")
@@ -338,8 +313,8 @@ def from_dict(obj: Any) -> Plan:
     plan = Plan(
         dag=dag,
         profile_name=prof.name,
-        profile_hash=_profile_hash(prof_obj),
-        profile_source=_source(prof_obj),
+        profile_hash=prof_hash,
+        profile_source=prof_source,
         caps=tuple(float(c) for c in caps),
         ratios=ratios,
         predicted=predicted,
@@ -354,28 +329,6 @@ def from_dict(obj: Any) -> Plan:
             raise TfplanError(f"mean_freeze_ratio: stage {s} freezes {mean:.6g} on average, above its cap {cap:g} "
                               f"(tolerance {CAP_TOL:g})")
     return plan
-
-
-def _profile_hash(prof_obj: dict[str, Any]) -> str:
-    value = prof_obj.get("hash", "")
-    if not isinstance(value, str):
-        raise TfplanError(f"profile.hash: must be a string, got {json.dumps(value)}")
-    return value
-
-
-def _source(prof_obj: dict[str, Any]) -> dict[str, Any]:
-    """profile.source: optional, an object of at most MAX_SOURCE_FIELDS strings, numbers, booleans or nulls."""
-    source = prof_obj.get("source", {})
-    if not isinstance(source, dict):
-        raise TfplanError("profile.source: must be an object")
-    if len(source) > MAX_SOURCE_FIELDS:
-        raise TfplanError(f"profile.source: at most {MAX_SOURCE_FIELDS} fields, got {len(source)}")
-    for key, value in source.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise TfplanError(f"profile.source.{field_name(key)}: must be finite, got {value}")
-        if not isinstance(value, (str, int, float, bool, type(None))):
-            raise TfplanError(f"profile.source.{field_name(key)}: must be a string, number, boolean or null")
-    return dict(source)
 
 
 def _solver_record(obj: dict[str, Any], version: int) -> SolverRecord | None:

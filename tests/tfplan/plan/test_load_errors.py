@@ -15,6 +15,7 @@ from tests.tfplan.plan.toy_plans import _as_version_2
 from tfplan.cost import profile
 from tfplan.errors import TfplanError
 from tfplan.plan import plan as plan_mod
+from tfplan.plan import plan_profile
 from tfplan.schedule import schedules
 from tfplan.solve import solver
 from tfplan.step import dag as dag_mod
@@ -192,7 +193,7 @@ BAD_PLANS = [
     (
         "profile stage invalid",
         lambda o: _edit(o, lambda x: x["profile"]["stages"][1].__setitem__("forward_ms", -1)),
-        r"^stages\[1\]\.forward_ms: must be >= 0",
+        r"^profile\.stages\[1\]\.forward_ms: must be >= 0",  # (the field as the plan file has it)
     ),
     ("not an object", lambda o: [o], r"^plan: must be a JSON object"),
 ]
@@ -259,7 +260,7 @@ def test_target_speedup_must_be_a_finite_number_from_1(plan_obj, target) -> None
     ([1], r"^profile\.source: must be an object"),
     ({"model": ["tiny"]}, r"^profile\.source\.model: must be a string, number, boolean or null"),
     ({"seq_len": float("inf")}, r"^profile\.source\.seq_len: must be finite"),
-    ({str(i): i for i in range(plan_mod.MAX_SOURCE_FIELDS + 1)}, r"^profile\.source: at most 64 fields"),
+    ({str(i): i for i in range(plan_profile.MAX_SOURCE_FIELDS + 1)}, r"^profile\.source: at most 64 fields"),
 ])
 def test_a_bad_profile_source_names_the_field(plan_obj, source, message) -> None:
     plan_obj["profile"]["source"] = source
