@@ -290,6 +290,9 @@ def from_dict(obj: Any) -> Plan:
     for key in ("num_ranks", "num_stages"):
         if require(sched_obj, key, int, "schedule.") != getattr(sched, key):
             raise TfplanError(f"schedule.{key}: says {sched_obj[key]} but the order has {getattr(sched, key)}")
+    for key, has in (("stages_per_rank", sched.stages_per_rank), ("stage_to_rank", list(sched.stage_to_rank))):
+        if key in sched_obj and (sched_obj[key] != has or isinstance(sched_obj[key], bool)):  # (optional: derived)
+            raise TfplanError(f"schedule.{key}: says {json.dumps(sched_obj[key])} but the order has {json.dumps(has)}")
 
     prof, prof_hash, prof_source = profile_section(require(obj, "profile", dict, ""))
     dag = build(sched, prof)

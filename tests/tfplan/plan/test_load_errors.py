@@ -181,6 +181,16 @@ BAD_PLANS = [
         r"^max_freeze_ratio: must list 4 caps in \[0, 1\]",
     ),
     (
+        "stage_to_rank disagrees with order",
+        lambda o: _edit(o, lambda x: x["schedule"].__setitem__("stage_to_rank", [0, 0, 1, 1])),
+        r"^schedule\.stage_to_rank: says \[0, 0, 1, 1\] but the order has \[0, 1, 2, 3\]",
+    ),
+    (
+        "stages_per_rank disagrees with order",
+        lambda o: _edit(o, lambda x: x["schedule"].__setitem__("stages_per_rank", 7)),
+        r"^schedule\.stages_per_rank: says 7 but the order has 1",
+    ),
+    (
         "num_ranks disagrees with order",
         lambda o: _edit(o, lambda x: x["schedule"].__setitem__("num_ranks", 5)),
         r"^schedule\.num_ranks: says 5 but the order has 4",
