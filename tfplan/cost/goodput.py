@@ -308,6 +308,15 @@ def plan_goodput(objective: str, noise: NoiseModel, batch_tokens: float, means: 
                        value=evaluate(means, planned_ms, no_freeze_ms, batch_tokens, noise), solve=solve)
 
 
+def _finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in a parsed JSON value."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return all(_finite(v) for v in value) if isinstance(value, list) else True
+
+
 def record_from_dict(obj: Any, num_stages: int, means: Sequence[float], planned_ms: float,
                      no_freeze_ms: float) -> PlanGoodput:
     """Validate a plan's `goodput` section (its figures are recomputed from the plan, not trusted).
@@ -330,4 +339,6 @@ def record_from_dict(obj: Any, num_stages: int, means: Sequence[float], planned_
     solve = obj.get("solve")
     if solve is not None and not isinstance(solve, dict):
         raise TfplanError("goodput.solve: must be an object or null")
+    if not _finite(solve):  # (its record is printed back as it was read: NaN made `tfplan show --json` not JSON)
+        raise TfplanError("goodput.solve: must hold finite numbers only")
     return plan_goodput(objective, noise, float(batch), means, planned_ms, no_freeze_ms, solve)

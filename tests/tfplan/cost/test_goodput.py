@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import PROFILES
 from tfplan.cost import profile
 from tfplan.cost.goodput import NoiseModel, efficiency, evaluate, progress, stage_value
+from tfplan.errors import TfplanError
 from tfplan.schedule import schedules
 from tfplan.solve import solver
 from tfplan.solve.fastlp.goodput import solve_goodput
@@ -155,6 +156,11 @@ def test_the_plan_records_its_goodput_and_the_cli_says_when_freezing_does_not_pa
     expected = evaluate(means, p.predicted.planned_ms, p.predicted.no_freeze_ms, 4096.0, p.goodput.noise)
     assert p.goodput.value.goodput == pytest.approx(expected.goodput) and p.goodput.pays
     assert "predicted goodput" in result.output
+    edited = json.loads(out.read_text())
+    edited["goodput"]["solve"]["bound"] = float("nan")  # printed back by `show --json`: NaN there is not JSON
+    (tmp_path / "nan.json").write_text(json.dumps(edited))
+    with pytest.raises(TfplanError, match="goodput.solve: must hold finite numbers only"):
+        plan.load(tmp_path / "nan.json")
     # the cap-0.9 makespan plan, evaluated with the same noise: lower goodput than the goodput plan
     fast = tmp_path / "fast.json"
     assert CliRunner().invoke(app, ["solve", "-p", str(prof), "-s", "1f1b", "-m", "8", "-o", str(fast)]).exit_code == 0
