@@ -281,6 +281,8 @@ def from_dict(obj: Any) -> Plan:
         raise TfplanError(f"schema_version: must be {readable}, got {json.dumps(version)}")
     sched_obj = require(obj, "schedule", dict, "")
     order_obj = require(sched_obj, "order", list, "schedule.")
+    if not all(isinstance(rank, list) and all(isinstance(a, str) for a in rank) for rank in order_obj):
+        raise TfplanError('schedule.order: must be a list of per-rank lists of action strings ("0F0", ...)')
     try:
         order = [[parse_action(a) for a in rank] for rank in order_obj]
     except (TfplanError, TypeError) as exc:

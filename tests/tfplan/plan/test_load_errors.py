@@ -52,6 +52,16 @@ BAD_PLANS = [
         r"^schedule\.order: missing required field",
     ),
     (
+        "an action that is not a string",
+        lambda o: _edit(o, lambda x: x["schedule"]["order"][1].__setitem__(2, 7)),
+        r"^schedule\.order: must be a list of per-rank lists of action strings",
+    ),
+    (
+        "a rank that is a string",
+        lambda o: _edit(o, lambda x: x["schedule"]["order"].__setitem__(0, "0F0")),
+        r"^schedule\.order: must be a list of per-rank lists of action strings",
+    ),
+    (
         "bad action string",
         lambda o: _edit(o, lambda x: x["schedule"]["order"][1].__setitem__(2, "1X1")),
         r"^schedule\.order: not a compute action .*'1X1'",
