@@ -261,8 +261,8 @@ def from_dict(obj: Any) -> Profile:
         raise TfplanError(f"schema_version: must be one of {READS_VERSIONS}, got {json.dumps(version)}")
     new = ({"dispatch_ms", "quality", "dp"} if version >= 2 else set()) | ({"noise"} if version >= 3 else set())
     _check_keys(obj, "", top, {"source", "stages", "layers", "step_overhead_ms", *new})
-    if not isinstance(obj["name"], str) or not obj["name"]:
-        raise TfplanError("name: must be a non-empty string")
+    if not isinstance(obj["name"], str) or not obj["name"] or not obj["name"].isprintable():
+        raise TfplanError("name: must be a non-empty string of printable characters (one line)")
     source = obj.get("source", {})
     if not isinstance(source, dict):
         raise TfplanError("source: must be an object")

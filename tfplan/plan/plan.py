@@ -258,7 +258,7 @@ def csv_path_of(path: str | Path) -> Path:
     if not path.name or path.is_dir():
         raise TfplanError(f"cannot write {path}: it is a folder; give the plan a file name")
     csv_path = path.with_suffix(".csv")
-    if csv_path == path:
+    if path.suffix.lower() == ".csv":  # (plan.CSV too: one file with its CSV on a case-insensitive file system)
         raise TfplanError(f"plan path {path} must not end in .csv (the schedule CSV goes beside it)")
     return csv_path
 

@@ -52,6 +52,7 @@ BAD = [
     ("stages empty", "stages", [], "stages: must be a non-empty list"),
     ("stage not an object", "stages[1]", [1, 2, 3], "stages[1]: must be an object, got list"),
     ("name empty", "name", "", "name: must be a non-empty string"),
+    ("name of two lines", "name", "a\nb", "name: must be a non-empty string of printable characters (one line)"),
     ("source not an object", "source", "me", "source: must be an object"),
     ("stage name not a string", "stages[0].name", 3, "stages[0].name: must be a string"),
 ]

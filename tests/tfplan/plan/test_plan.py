@@ -169,3 +169,11 @@ def test_a_plan_records_its_profiles_provenance(tmp_path, hetero_plan) -> None:
     plan_mod.write(plan, tmp_path / "p.json")
     loaded = plan_mod.load(tmp_path / "p.json")
     assert loaded.profile_source == src and loaded.profile_hash == measured.content_hash()
+
+
+@pytest.mark.parametrize("name", ["plan.csv", "plan.CSV"])
+def test_a_plan_path_ending_in_csv_is_refused(tmp_path, name) -> None:
+    # (plan.CSV and its schedule CSV plan.csv are one file where case does not count)
+    with pytest.raises(TfplanError, match="must not end in .csv"):
+        plan_mod.write(_plan("gpipe", 2), tmp_path / name)
+    assert list(tmp_path.iterdir()) == []
