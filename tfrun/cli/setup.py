@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tfrun.config.train_config import PLANNED, WARMUP_STEPS, TrainConfig
+from tfrun.config.train_config import DEFAULT_OUT, PLANNED, WARMUP_STEPS, TrainConfig
 from tfrun.errors import TfrunError
 
 TOKEN_CACHE = "token-cache"
@@ -204,10 +204,13 @@ def warn(line: str) -> None:
 def out_dir(out: str | None, resume: str | None) -> str:
     """--out and --resume: a resumed run writes where it was checkpointed; both naming different folders is
     a mistake (one line)."""
+    for flag, value in (("--out", out), ("--resume", resume)):
+        if value is not None and not value.strip():  # (an empty $OUT in a script wrote into runs/latest)
+            raise TfrunError(f"{flag}: empty; give a folder")
     if resume is not None and out is not None and Path(out).resolve() != Path(resume).resolve():
         raise TfrunError(f"--out {out} and --resume {resume} name different folders; a resumed run continues in "
                          f"its own folder: give --resume {resume} alone")
-    return resume or out or "runs/latest"
+    return resume or out or DEFAULT_OUT
 
 
 def out_path(config: TrainConfig) -> Path:

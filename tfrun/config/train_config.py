@@ -52,6 +52,10 @@ APF_STABLE_SHARE = 0.5
 share]; measured in docs/results.md)."""
 
 
+DEFAULT_OUT = "runs/latest"
+"""--out when not given: by its name the one folder a new run writes over (any other that holds a run is refused)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     """One training (or profiling) run."""
@@ -105,7 +109,7 @@ class TrainConfig:
     freeze_seed: int | None = None
     """Which micro-batches and tensors freeze (the freezer's draws); None: `seed`. Runs of one `seed` with other
     freeze seeds see the same data from the same weights: the scatter of "which micro-batches" alone."""
-    out_dir: str = "runs/latest"
+    out_dir: str = DEFAULT_OUT
     """Where metrics.jsonl, summary.json, profile.json and checkpoints go."""
     microbatch_size: int = 4
     """Sequences per micro-batch."""

@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tfrun.config.train_config import TrainConfig
+from tfrun.config.train_config import DEFAULT_OUT, TrainConfig
 from tfrun.errors import TfrunError
 
 IDENTITY: tuple[tuple[str, str], ...] = (
@@ -220,14 +220,20 @@ def checkpoint_bytes(config: TrainConfig) -> int:
 
 
 def check_out(out: Path, config: TrainConfig) -> list[str]:
-    """Before training: `out` is (or can become) a folder we can write in, with room for a checkpoint.
-    Writes nothing that stays. Returns warnings (room for fewer checkpoints than are kept).
+    """Before training: `out` is (or can become) a folder we can write in, with room for a checkpoint, and holds no
+    run unless resumed (or it is DEFAULT_OUT). Writes nothing that stays. Returns warnings (room for fewer
+    checkpoints than are kept).
 
     Raises:
-        TfrunError: not a folder, not writable (read-only, no permission) or not enough free space.
+        TfrunError: not a folder, another run's folder, not writable (read-only, no permission) or not enough free
+            space.
     """
     if out.exists() and not out.is_dir():
         raise TfrunError(f"--out {out}: exists and is not a folder")
+    if not config.resume and config.out_dir != DEFAULT_OUT and (
+            (out / "run_config.json").exists() or (out / "checkpoints").is_dir()):
+        raise TfrunError(f"--out {out}: holds a run already (its checkpoints would be replaced); give a new folder, "
+                         f"or --resume {out} to continue it")
     probe = out
     while not probe.exists():
         probe = probe.parent

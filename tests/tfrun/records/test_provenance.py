@@ -169,6 +169,20 @@ def test_out_and_resume_must_agree(tmp_path) -> None:
     assert setup.out_dir(str(tmp_path / "x"), str(tmp_path / "y" / ".." / "x")) == str(tmp_path / "y" / ".." / "x")
     with pytest.raises(TfrunError, match="^--out a and --resume b name different folders"):
         setup.out_dir("a", "b")
+    for out, resume, flag in (("", None, "--out"), (None, " ", "--resume")):  # (an empty $OUT in a script)
+        with pytest.raises(TfrunError, match=f"^{flag}: empty; give a folder"):
+            setup.out_dir(out, resume)
+
+
+def test_a_folder_that_holds_a_run_is_not_written_over(tmp_path) -> None:
+    torch_or_skip()
+    config = dataclasses.replace(CONFIG, order=[["0F0"], ["1F0"]], out_dir=str(tmp_path / "run"))
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # (a new run replaced its checkpoints before)
+    with pytest.raises(TfrunError, match=r"holds a run already .*; give a new folder, or --resume .* to continue it"):
+        provenance.check_out(tmp_path / "run", config)
+    assert provenance.check_out(tmp_path / "run", dataclasses.replace(config, resume=True)) == []
+    default = dataclasses.replace(config, out_dir="runs/latest")  # the default is the one folder written over
+    assert provenance.check_out(tmp_path / "run", default) == []
 
 
 # The output folder
