@@ -122,11 +122,16 @@ def _toml_value(value: Any) -> str:
 
 def resolved_text(ctx) -> str:
     """The command's resolved options (command line over files over defaults) as TOML, by long name; options
-    left unset (None) are left out."""
+    left unset (None) are left out.
+
+    Raises:
+        TfrunError: a float option that is not finite (TOML would hold it, but no setting takes it)."""
     lines = ["# The resolved configuration of this run (`tfrun train --config` reads it; `--resume` starts",
              "# from it, command-line flags overriding it). Written before the ranks started."]
     for key, param in options(ctx.command).items():
         value = ctx.params.get(param.name)
+        if isinstance(value, float) and not math.isfinite(value):  # (an option its own check let through)
+            raise TfrunError(f"--{key} must be a finite number, got {value}")
         if value is not None:
             lines.append(f"{key} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"

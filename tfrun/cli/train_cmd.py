@@ -41,8 +41,9 @@ def train_cmd(ctx: typer.Context, **options) -> None:
         if config.tensorboard:
             check_tensorboard()
         if os.environ.get("RANK", "0") == "0":  # every check passed: the run's folder starts with its settings
+            resolved = config_file.resolved_text(ctx)  # (its own check first: nothing written on a mistake)
             setup.out_path(config).mkdir(parents=True, exist_ok=True)
-            write_text_atomic(setup.out_path(config) / config_file.RESOLVED, config_file.resolved_text(ctx))
+            write_text_atomic(setup.out_path(config) / config_file.RESOLVED, resolved)
         from tfrun.distributed import launch  # (imports torch: after the checks, so that a mistake is quick)
 
         if launch.under_torchrun():
