@@ -77,6 +77,9 @@ def retime(runs: list[str], *, baseline: str | None, out: str, sample_every: int
     folder = Path(out)
     if any(folder.resolve() == Path(run.dir).resolve() for run in loaded) or (folder / "metrics.jsonl").exists():
         raise TfrunError(f"--out {out} is a run's folder: retime writes its own (run_config.json, retime.json)")
+    nearest = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    if not nearest.is_dir():  # (mkdir's FileExistsError or NotADirectoryError was a traceback)
+        raise TfrunError(f"--out {out}: {nearest} is a file, not a folder")
     spec_runs = []
     for run in loaded:
         for key in SAME:

@@ -46,6 +46,10 @@ def test_refusals_name_what_is_wrong(tmp_path) -> None:
         _call([none, plan], tmp_path)
     with pytest.raises(TfrunError, match="is a run's folder"):
         retime.retime([none, plan], baseline=None, out=plan, sample_every=10, block=3, repeats=3)
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "x"):  # (mkdir's OSError was a traceback)
+        with pytest.raises(TfrunError, match="afile is a file, not a folder"):
+            retime.retime([none, plan], baseline=None, out=out, sample_every=10, block=3, repeats=3)
     other = _finished(tmp_path / "other", seed=1)
     with pytest.raises(TfrunError, match="not comparable: seed"):
         _call([none, other], tmp_path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -245,6 +246,8 @@ def export_cmd(
     from tfrun.records.export import export_hf
 
     with user_errors(TfrunError):
+        if not math.isfinite(max_shard_mb):  # (int() of it was a traceback; export_hf checks the rest)
+            raise TfrunError(f"--max-shard-mb must be a finite number > 0, got {max_shard_mb:g}")
         result = export_hf(run_dir, hf_out, step=step, max_shard_bytes=int(max_shard_mb * 2**20))
     if as_json:
         print(json.dumps(dataclasses.asdict(result)))

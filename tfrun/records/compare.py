@@ -142,6 +142,9 @@ def load_run(path: str | Path) -> Run:
         raise TfrunError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise TfrunError(f"{folder}: unreadable run files ({exc})") from None
+    if not isinstance(config, dict) or not all(isinstance(r, dict) for r in rows):
+        raise TfrunError(f"{folder}: unreadable run files (run_config.json and each line of metrics.jsonl must be "
+                         "JSON objects)")
     steps = [r for r in rows if "event" not in r]
     if not steps:
         raise TfrunError(f"{folder}: metrics.jsonl has no steps")

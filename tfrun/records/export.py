@@ -168,6 +168,9 @@ def export_hf(run_dir: str, out: str, *, step: int | None = None,
         raise TfrunError(f"{run_dir}: not a tfrun run folder (no run_config.json)")
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise TfrunError(f"--hf {out}: exists and is not an empty folder; export into a new folder")
+    parent = next((p for p in target.parents if p.exists()), Path("."))
+    if not parent.is_dir():  # (mkdir's FileExistsError was a traceback)
+        raise TfrunError(f"--hf {out}: {parent} is a file, not a folder")
     if max_shard_bytes < 1:
         raise TfrunError(f"--max-shard-mb must be > 0, got {max_shard_bytes / 2**20:g}")
     config = TrainConfig.load(run / "run_config.json")

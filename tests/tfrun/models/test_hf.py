@@ -119,6 +119,9 @@ def test_export_of_a_one_stage_tied_run_stays_tied(tmp_path):
         assert torch.equal(theirs[hf.hf_name(name)], p), name
     with pytest.raises(Exception, match="not an empty folder"):
         export_hf(str(run), str(tmp_path / "out"))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(Exception, match="afile is a file, not a folder"):  # (a FileExistsError traceback before)
+        export_hf(str(run), str(tmp_path / "afile" / "hf"))
     assert export_hf(str(run), str(tmp_path / "step1"), step=1).step == 1
     with pytest.raises(Exception, match="checkpoint step 5: no such checkpoint"):
         export_hf(str(run), str(tmp_path / "step5"), step=5)

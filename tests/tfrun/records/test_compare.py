@@ -127,6 +127,12 @@ def test_incomparable_runs_are_refused_unless_forced(tmp_path):
 
     a = _run_dir(tmp_path, "a", "none", 500.0, {4: 2.0})
     b = _run_dir(tmp_path, "b", "plan", 400.0, {4: 2.1}, seed=1)
+    (tmp_path / "bad").mkdir()
+    for name in ("run_config.json", "summary.json", "metrics.jsonl"):
+        (tmp_path / "bad" / name).write_text((a / name).read_text())
+    (tmp_path / "bad" / "run_config.json").write_text("[]")  # (an AttributeError traceback before)
+    result = CliRunner().invoke(app, ["compare", str(a), str(tmp_path / "bad"), "--force"])
+    assert result.exit_code == 1 and "unreadable run files" in result.output, result.output
     result = CliRunner().invoke(app, ["compare", str(a), str(b)])
     assert result.exit_code == 1 and "seed is 0" in result.output and "--force" in result.output
     assert CliRunner().invoke(app, ["compare", str(a), str(b), "--force"]).exit_code == 0
