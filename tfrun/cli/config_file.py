@@ -164,6 +164,11 @@ def on_resume(ctx, param, value: str | None) -> str | None:
     if value is not None and (Path(value) / RESOLVED).is_file():  # (its --out is the folder resumed, wherever it is)
         _keep(ctx, "resume", lambda: {k: v for k, v in read(Path(value) / RESOLVED, ctx.command).items()
                                       if k != "out"})
+    elif value is not None and not (Path(value) / "checkpoints").is_dir():  # (not "--plan is required")
+        what = "no such folder" if not Path(value).exists() else "not a folder" if not Path(value).is_dir() else \
+            f"no {RESOLVED}, no checkpoints folder"
+        ctx.meta.setdefault("tfrun.config_errors", []).append(TfrunError(f"--resume {value}: no checkpoint there "
+                                                                         f"({what})"))
     return value
 
 
