@@ -92,6 +92,8 @@ def _value(value: Any, param, where: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise TfrunError(f"{where}: must be a number, got {json.dumps(value)}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value]  # one number where a text option takes a list of them (max-freeze-ratio = 0.5)
     if isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                  for v in value):
         return ",".join(repr(float(v)) if isinstance(v, float) else str(v) for v in value)

@@ -40,9 +40,11 @@ def _write(path: Path, text: str) -> Path:
 def test_the_file_sets_options_and_flags_override_it(tmp_path, monkeypatch) -> None:
     toml = _write(tmp_path / "run.toml", f'plan = "{PLAN}"\nlr = 2e-5\nlr-schedule = "cosine"\n'
                                          'lr-warmup-steps = 3\nsteps = 12\nclip-grad-norm = 1\n'
-                                         'adam-betas = [0.9, 0.95]\nforce = true\nquiet = true\n')
+                                         'adam-betas = [0.9, 0.95]\nforce = true\nquiet = true\n'
+                                         'max-freeze-ratio = 0.5\n')  # (one number where a list is taken)
     code, err, config = _train(["--config", str(toml), "--steps", "20", "--out", str(tmp_path / "run")], monkeypatch)
     assert code == 0, err
+    assert 'max-freeze-ratio = "0.5"' in (tmp_path / "run" / "config.toml").read_text()
     assert (config.lr, config.lr_schedule, config.lr_warmup_steps) == (2e-5, "cosine", 3)
     assert config.steps == 20 and config.clip_grad_norm == 1.0 and config.adam_betas == [0.9, 0.95]
     resolved = (tmp_path / "run" / "config.toml").read_text()
