@@ -57,11 +57,7 @@ def check_output(path: str | Path, inputs: tuple[str | Path | None, ...] = ()) -
         TfplanError: naming the option's path and why.
     """
     path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir() or not path.name:
-        raise TfplanError(f"cannot write {path}: it is a folder; give a file name")
-    if not folder.is_dir():
-        raise TfplanError(f"cannot write {path}: folder {folder} does not exist")
+    _check_target(path)
     for given in inputs:
         if given is not None and Path(given).resolve() == path.resolve():
             raise TfplanError(f"cannot write {path}: it is also an input of this command; write elsewhere")
@@ -75,13 +71,19 @@ def plain_mode(fd: int) -> None:
     os.fchmod(fd, 0o666 & ~umask)
 
 
-def _temp_with(path: Path, data: bytes) -> str:
-    """A temp file beside `path` holding `data`, with the mode a plain open() would give it."""
+def _check_target(path: Path) -> Path:
+    """`path` names a file (not a folder) in a folder that exists; returns that folder."""
     folder = path.parent if str(path.parent) else Path(".")
     if path.is_dir() or not path.name:
         raise TfplanError(f"cannot write {path}: it is a folder; give a file name")
     if not folder.is_dir():
         raise TfplanError(f"cannot write {path}: folder {folder} does not exist")
+    return folder
+
+
+def _temp_with(path: Path, data: bytes) -> str:
+    """A temp file beside `path` holding `data`, with the mode a plain open() would give it."""
+    folder = _check_target(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     except OSError as exc:

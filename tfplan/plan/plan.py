@@ -253,9 +253,9 @@ def write(plan: Plan, path: str | Path) -> Path:
 
 def csv_path_of(path: str | Path) -> Path:
     """Where write() puts a plan's schedule CSV: beside it, the same name ending in .csv (TfplanError when `path`
-    ends in .csv itself or names a folder)."""
+    ends in .csv itself or has no file name; a folder's name is refused by the write)."""
     path = Path(path)
-    if not path.name or path.is_dir():
+    if not path.name:  # (".": with_suffix would raise ValueError)
         raise TfplanError(f"cannot write {path}: it is a folder; give the plan a file name")
     csv_path = path.with_suffix(".csv")
     if path.suffix.lower() == ".csv":  # (plan.CSV too: one file with its CSV on a case-insensitive file system)
@@ -285,7 +285,7 @@ def from_dict(obj: Any) -> Plan:
         raise TfplanError('schedule.order: must be a list of per-rank lists of action strings ("0F0", ...)')
     try:
         order = [[parse_action(a) for a in rank] for rank in order_obj]
-    except (TfplanError, TypeError) as exc:
+    except TfplanError as exc:
         raise TfplanError(f"schedule.order: {exc}") from None
     m = require(sched_obj, "num_microbatches", int, "schedule.")
     sched = schedules.from_order(order, name=require(sched_obj, "name", str, "schedule."), num_microbatches=m)

@@ -128,12 +128,15 @@ def _painters(dag: Dag, sim: Simulation, t0: float, t1: float, scale: float, col
     Within a rank blocks never go back in time (each starts after the one before ends), so a block's columns
     [c0, c1) can overlap only the next block's, when both start in the same column (a one-column sliver painted
     over). The last painter of column k is therefore the last shown block with c0 <= k, if it reaches past k:
-    one binary search per (rank, column) over the rank's start times, about 30 ms at a million actions where
-    a pass over every node took 0.3 s."""
+    one binary search per (rank, column) over the rank's start times: 0.02 s at a million actions where a numpy
+    pass over every node took 0.3 s (1F1B 32 x 16384, 120 columns)."""
     start, end = sim.start_ms, sim.end_ms
 
+    def col(t: float) -> int:  # timeline()'s c0 of a block starting at t (round() rounds half to even)
+        return max(0, round((t - t0) * scale))
+
     def first_col(v: int) -> int:
-        return max(0, round((start[v] - t0) * scale))
+        return col(start[v])
 
     def last_col(v: int) -> int:  # c1 as timeline() paints it: at least one column for a block of some length
         c0, c1 = first_col(v), min(cols, round((end[v] - t0) * scale))
@@ -144,7 +147,7 @@ def _painters(dag: Dag, sim: Simulation, t0: float, t1: float, scale: float, col
     painters: set[int] = set()
     for lo, hi in dag.rank_bounds():
         for k in range(cols):
-            v = bisect.bisect_right(start, k, lo, hi, key=lambda s: max(0, round((s - t0) * scale))) - 1
+            v = bisect.bisect_right(start, k, lo, hi, key=col) - 1
             while v >= lo and end[v] > t0 and last_col(v) == first_col(v):
                 v -= 1  # a block of no length paints nothing: the one before it may reach column k
             if v >= lo and end[v] > t0 and start[v] < t1 and last_col(v) > k:

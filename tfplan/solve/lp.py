@@ -131,7 +131,6 @@ def check_time_limit(time_limit_s: float | None) -> None:
                           f"got {time_limit_s:g}")
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PhaseResult:
     """Outcome of one LP phase (also the plan file's solver.phases[i], docs/formats.md)."""

@@ -30,8 +30,10 @@ def check(config: TrainConfig) -> None:
 
     if config.learning_model not in LEARNING_MODELS:
         raise TfrunError(f"--learning-model must be one of {', '.join(LEARNING_MODELS)}, got {config.learning_model!r}")
-    if config.objective not in ("makespan", "goodput"):  # (an in-run solve found it, at step 25, among the ranks)
-        raise TfrunError(f"--objective must be makespan or goodput, got {config.objective!r}")
+    from tfplan.plan.job import OBJECTIVES
+
+    if config.objective not in OBJECTIVES:  # (the first in-run solve found it, at step 25, among the ranks)
+        raise TfrunError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {config.objective!r}")
     if config.chat_loss not in ("assistant", "all"):
         raise TfrunError(f"--chat-loss must be assistant or all, got {config.chat_loss!r}")
     if config.freeze_method not in ("detach", "grad"):
