@@ -103,6 +103,10 @@ METHODS = {  # name -> (freeze mode, cap, extra options); goodput: a plan solved
     "timely-goodput-seeded-inert": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
                                                     "--warmup-steps", "0", "--noise-every", "0",
                                                     "--noise-replan-z", "0", "--replan-threshold", "100"]),
+    # the seeded mode's measured steps without its re-plans: splits -nowarmup's loss against the fixed plan
+    "timely-goodput-seeded-measureonly": ("timely", 0.9, ["--objective", "goodput", "--max-freeze-ratio", "0.9",
+                                                          "--warmup-steps", "0", "--noise-replan-z", "1e9",
+                                                          "--replan-threshold", "100"]),
 }
 # the methods whose plan is the seed's goodput plan
 GOODPUT_SEEDED = ("goodput", "goodput-rescale", *(m for m in METHODS if m.startswith("timely-goodput-seeded")))
