@@ -173,6 +173,9 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None, freeze
                    autocast=getattr(torch, dtype) if dtype != "float32" else None)
         for s in local
     ]
+    noise.shadow = freezer.shadowed  # Note [shadow gradients] in tfrun.freeze.noise
+    for s, stage in zip(local, stages):
+        noise.microbatch_of[s] = functools.partial(backward_microbatch, stage)
     if noise.sequences is not None:  # per-sequence values wait for their micro-batch's gradient (noise_perseq)
         for s, stage in zip(local, stages):
             noise.sequences.microbatch_of[s] = functools.partial(backward_microbatch, stage)

@@ -116,7 +116,9 @@ class _TimedFreezingStage:
         if (self.stage_index, mb) not in tf.state.shares:
             tf.state.shares[(self.stage_index, mb)] = sel.share
             tf.state.frozen[(self.stage_index, mb)] = sel.names
-            for name in sel.names:
+            # what the update learns from: a measured step's shadows count as frozen (tfrun.freeze.noise Note
+            # [shadow gradients]), what the action computes (shares, frozen) does not
+            for name in sel.names | tf.freezer.shadowed(tf.state.step, self.stage_index, mb):
                 key = (self.stage_index, name)
                 tf.state.frozen_counts[key] = tf.state.frozen_counts.get(key, 0) + 1
         return sel.names

@@ -52,11 +52,12 @@ estimates, starved the tensors it judged noisy of new ones. What it costs, where
 it freezes nothing): the measured step runs K of M micro-batches unfrozen, which gives back about a third of the
 plan's saving on that step (the critical path runs through them), predicted on the tiny profile's 1F1B plans at M =
 8 (profiles/tiny-cpu-2stages-mb2.json, the four block positions averaged): +9.5% of a measured step on its goodput
-plan (means 0.23 / 0.80), +11.1% on its cap-0.9 plan; those micro-batches learn as unfrozen ones do, so the
-goodput model prices the measured step at -5.0% (goodput plan) and -2.1% (cap 0.9) of the plan's goodput. With the
-hooks' own +12-15% of a measured step (docs/cost-model.md, "Which noise estimator" 6) a measured step costs about
-+22-26%, so under the goodput mode --noise-every defaults to 10 (GOODPUT_NOISE_EVERY): +2.2-2.6% of the run's time
-(at 5 it would be +4.3-5.2%, over the 3% budget), -0.5% of its predicted goodput. The action times of measured
+plan (means 0.23 / 0.80), +11.1% on its cap-0.9 plan. What those micro-batches compute for tensors the plan freezes
+in them is a shadow (tfrun.freeze.noise Note [shadow gradients]): it feeds the estimate, not the update, so a
+measured step learns what the plan's step learns and costs only time. With the hooks' own +12-15% of a measured
+step (docs/cost-model.md, "Which noise estimator" 6) a measured step costs about +22-26%, so under the goodput
+mode --noise-every defaults to 10 (GOODPUT_NOISE_EVERY): +2.2-2.6% of the run's time (at 5 it would be +4.3-5.2%,
+over the 3% budget), -2.2 to -2.5% of its goodput. The action times of measured
 steps (their hooks and these blocks) are left out of the drift checks' medians, as the monitor's and the
 probe's measured steps are left out of the first plan's profile (tfrun.freeze.phases Note [hook-free profile]).
 """

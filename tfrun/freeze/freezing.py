@@ -150,8 +150,9 @@ class Freezer:
         self.probe = (start_step, per_step)
 
     def set_measured(self, step: int, microbatches: frozenset[int]) -> None:
-        """At `step` only, freeze nothing in `microbatches` on any stage, whatever the plan says (the window plans,
-        their carries and the ramp are not touched: the cells simply do not spend their allowance)."""
+        """At `step` only, compute every gradient in `microbatches` on every stage, whatever the plan says; the
+        plan's own choice there (`shadowed`) still decides what the update learns from (the window plans, their
+        carries and the ramp are not touched)."""
         self._measured = (step, frozenset(microbatches))
 
     def probe_microbatches(self, step: int) -> frozenset[int]:
@@ -175,6 +176,17 @@ class Freezer:
             return self._selection(stage, set(everything))
         if self._measured[0] == step and mb in self._measured[1]:
             return self._selection(stage, set())
+        return self._plan_selection(step, stage, mb)
+
+    def shadowed(self, step: int, stage: int, mb: int) -> frozenset[str]:
+        """The names the plan freezes in `mb` of a measured step, which `set_measured` computes anyway: their
+        gradients feed the noise scale and stay out of the update (tfrun.freeze.noise Note [shadow gradients]);
+        empty outside the measured block."""
+        if self._measured[0] != step or mb not in self._measured[1]:
+            return frozenset()
+        return self._plan_selection(step, stage, mb).names
+
+    def _plan_selection(self, step: int, stage: int, mb: int) -> Selection:
         if self.signal is not None and not self.hybrid:  # a baseline alone: its tensors in every micro-batch
             if self._fixed[0] != step:
                 self._fixed = (step, {})

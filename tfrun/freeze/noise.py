@@ -20,6 +20,17 @@ in some micro-batches counts only those that reached it (B_big is then smaller).
 all-reduced before anyone uses them, so every replica holds the same estimates. Measured every `every`
 steps (`tfrun train --noise-every`); the hooks cost one reduction over each gradient per micro-batch.
 
+Note [shadow gradients]: the goodput controller's measured steps compute whole micro-batches unfrozen on every stage
+(tfrun.freeze.controller Note [unfrozen measurement]), so that a heavily frozen stage keeps its estimate. The
+gradients those micro-batches compute for tensors the plan freezes in them are shadows: a hook counts them for the
+noise scale as any other (|g_m|^2, and G_step = .grad plus their sum at .grad's scale, summed over the replicas),
+then returns zeros, so .grad holds exactly what the plan's own micro-batches give, and a tensor only shadows reached
+gets no .grad (as under the plan: no Adam moment update, no decay). The update is then the plan's, bit for bit, and
+a measured step is not a switch of the gradient's scale under Adam's second moment: the seeded online mode learned
+0.03-0.05 less per step than the fixed plan it ran while its measured steps trained those micro-batches
+(docs/results.md, "The online mode seeded by the fixed goodput plan"). `--grad-rescale` and the freezer's stats
+count the shadows as frozen (tfrun.distributed.runtime); timing counts what ran.
+
 Note [noise measure]: `--noise-measure` says what the small batch is, separately from how steps are smoothed
 (`--noise-estimator`, a smoother over steps that takes either):
   microbatch  B_small = one (replica, micro-batch) pair's tokens, |g_m|^2 as above;
@@ -37,6 +48,7 @@ Note [noise measure]: `--noise-measure` says what the small batch is, separately
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -84,6 +96,17 @@ class NoiseMeter:
         """Steps measured so far."""
         self.measured_this_step = False
         """Whether the step in progress (or just ended) was measured."""
+        self.shadow: Callable[[int, int, int], frozenset[str]] | None = None
+        """(step, stage, micro-batch) -> the names whose gradient in that backward is a shadow (Note [shadow
+        gradients]; the training loop sets tfrun.freeze.freezing.Freezer.shadowed); None: no shadows."""
+        self.microbatch_of: dict[int, Callable[[], int | None]] = {}
+        """Stage -> the micro-batch its backward runs now (tfrun.distributed.runtime.backward_microbatch)."""
+        self._step = -1
+        self._shadowed_of: dict[tuple[int, int | None], frozenset[int]] = {}
+        self._shadow: dict[int, dict[int, torch.Tensor]] = {s: {} for s in modules}
+        """Stage -> tensor index -> the sum of its shadow gradients this step."""
+        self._reached: dict[int, set[int]] = {s: set() for s in modules}
+        """Stage -> the tensors some micro-batch's gradient reached .grad in this step."""
         self._handles = []
         # Hooks on every tensor even with every = 0 (a forced measurement needs them); an inactive one is a
         # Python call that returns at once (about a microsecond a tensor per micro-batch).
@@ -96,16 +119,40 @@ class NoiseMeter:
                 self._handles.append(params[name].register_hook(self._hook(s, i)))
 
     def _hook(self, stage: int, i: int):
-        def hook(grad: torch.Tensor) -> None:
-            if self.active:
-                self._sums[stage].add(i, grad, self.sequences.take(stage, i) if self.sequences is not None else None)
+        def hook(grad: torch.Tensor) -> torch.Tensor | None:
+            if not self.active:
+                return None
+            self._sums[stage].add(i, grad, self.sequences.take(stage, i) if self.sequences is not None else None)
+            if i not in self._shadowed(stage):
+                self._reached[stage].add(i)
+                return None
+            held = self._shadow[stage]  # Note [shadow gradients]: counted here, kept out of .grad
+            held[i] = grad.detach().clone() if i not in held else held[i].add_(grad.detach())
+            return torch.zeros_like(grad)
 
         return hook
+
+    def _shadowed(self, stage: int) -> frozenset[int]:
+        """The tensors of `stage` whose gradient in the backward now running is a shadow (Note [shadow
+        gradients]): what `shadow` names for the stage's current backward micro-batch, cached per step."""
+        if self.shadow is None or stage not in self.microbatch_of:
+            return frozenset()
+        mb = self.microbatch_of[stage]()
+        got = self._shadowed_of.get((stage, mb))
+        if got is None:
+            index = {name: i for i, name in enumerate(self.names[stage])}
+            got = self._shadowed_of[(stage, mb)] = frozenset(
+                index[n] for n in self.shadow(self._step, stage, mb)) if mb is not None else frozenset()
+        return got
 
     def begin_step(self, step: int, force: bool = False) -> None:
         """Measure this step or not: every `every` steps, or when `force`d (the online mode's monitor phase under
         --objective goodput, which plans from the estimates)."""
         self.active = self.measured_this_step = force or (self.every > 0 and step % self.every == 0)
+        self._step = step
+        self._shadowed_of.clear()
+        for s in self._sums:
+            self._shadow[s], self._reached[s] = {}, set()
         if self.sequences is not None:
             self.sequences.active, self.sequences.step = self.active, step
             self.sequences.clear()
@@ -130,9 +177,7 @@ class NoiseMeter:
                 both = torch.cat([sq, n, seq.reshape(-1)])
                 dist.all_reduce(both, group=self.dp_group)
                 sq, n, seq = both[: len(sq)], both[len(sq): 2 * len(sq)], both[2 * len(sq):].view(4, -1)
-            big = torch.stack([
-                params[name].grad.detach().double().square().sum() if params[name].grad is not None
-                else torch.zeros((), dtype=torch.float64, device=sq.device) for name in self.names[s]])
+            big = self._step_gradient_norms(s, params, sq.device)
             # .grad = sum of the pairs' gradients / (dp M) (scale_grads and the replicas' mean): their mean is
             # .grad x dp M / n, so |G_step|^2 = |.grad|^2 (dp M / n)^2 (Note [noise scale])
             usable = n >= 2
@@ -160,6 +205,33 @@ class NoiseMeter:
             self.raw[s] = (gsq, trace, usable)
         self.measured += 1
         return True
+
+    def _step_gradient_norms(self, stage: int, params: dict[str, nn.Parameter], device) -> torch.Tensor:
+        """Per tensor |.grad + its shadows|^2, float64 (tensors,), the shadows scaled as .grad is and summed
+        over the replicas (one all-reduce); then a tensor only shadows reached gets no .grad, as under the plan
+        (Note [shadow gradients])."""
+        held = self._shadow[stage]
+        if held and self.dp > 1:
+            flat = torch.cat([held[i].reshape(-1) for i in sorted(held)])
+            dist.all_reduce(flat, group=self.dp_group)
+            offset = 0
+            for i in sorted(held):
+                held[i] = flat[offset: offset + held[i].numel()].view_as(held[i])
+                offset += held[i].numel()
+        out = []
+        for i, name in enumerate(self.names[stage]):
+            grad = params[name].grad
+            if i in held:  # .grad is (sum over the pairs) / (dp M): the shadows' sum takes the same scale
+                whole = held[i] / (self.dp * self.m) + (grad if grad is not None else 0.0)
+                out.append(whole.detach().double().square().sum())
+                if i not in self._reached[stage]:
+                    params[name].grad = None
+            elif grad is not None:
+                out.append(grad.detach().double().square().sum())
+            else:
+                out.append(torch.zeros((), dtype=torch.float64, device=device))
+        self._shadow[stage] = {}
+        return torch.stack(out)
 
     def stage_estimates(self) -> dict[int, tuple[float, float]]:
         """Stage -> (|G|^2, tr(Sigma)) smoothed, summed over its tensors that have an estimate; a stage none of

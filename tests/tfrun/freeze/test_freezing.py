@@ -370,6 +370,9 @@ def test_a_measured_block_freezes_nothing_at_its_step_only():
             for j in range(4):
                 got, want = f.selection(step, s, j), plain.selection(step, s, j)
                 assert got == (_selection_none() if step == 5 and j in (1, 2) else want)
+                # what the plan freezes there is named as shadows (tfrun.freeze.noise Note [shadow gradients])
+                assert f.shadowed(step, s, j) == (want.names if step == 5 and j in (1, 2) else frozenset())
+    assert any(f.shadowed(5, s, j) for s in (0, 1) for j in (1, 2))  # the test is not vacuous at 0.75
 
 
 def _selection_none():

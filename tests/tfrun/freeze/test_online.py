@@ -53,6 +53,12 @@ def runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]
         "goodput-whole": (_seeded(root / "goodput-whole", seed, "16"), {}),
         "goodput-part": (_seeded(root / "goodput-part", seed, "10"), {}),
         "goodput-resumed": (_seeded(root / "goodput-part", seed, "16", "--resume", str(root / "goodput-part")), {}),
+        # the same seed measured at every step but never re-planning, and that seed as a fixed plan: with shadow
+        # gradients the measured blocks change no update (tfrun.freeze.noise Note [shadow gradients])
+        "goodput-measuring": (_seeded(root / "goodput-measuring", seed, "8", "--warmup-steps", "0",
+                                      "--noise-replan-z", "1e9"), {}),
+        "goodput-fixed": (["tfrun", "train", "--freeze", "plan", "--plan", str(seed), "--force", "--out",
+                           str(root / "goodput-fixed"), *FAST, "--steps", "8"], {}),
         "zb": (_timely(root / "zb", "--schedule", "interleaved-zb", "--stages-per-rank", "2", "--steps", "14",
                        *SHORT), {}),
         "resume-7": (_timely(r, "--steps", "7", *resume, "--checkpoint-every", "1"), {}),  # stops in the probe (6-7)
@@ -240,6 +246,20 @@ def test_a_resumed_goodput_run_equals_the_uninterrupted_one(runs):
         assert e["reason"].startswith("continuing") or any(m["z"] > 2 for m in e["moves"]), e
     sets = [(root / f / "frozen_sets.jsonl").read_text() for f in ("goodput-whole", "goodput-part")]
     assert sets[0] == sets[1]
+
+
+@pytest.mark.slow
+def test_measured_steps_train_what_the_plan_trains(runs):
+    root, results = runs
+    for name in ("goodput-measuring", "goodput-fixed"):
+        assert results[name].returncode == 0, results[name].stderr[-3000:]
+    measuring, fixed = ([r for r in _rows(root / f) if "event" not in r]
+                        for f in ("goodput-measuring", "goodput-fixed"))
+    assert all("noise_scale_tokens" in r for r in measuring)  # every step measured (and leaves a block unfrozen ...)
+    sets = [json.loads(line)
+            for line in (root / "goodput-measuring" / "frozen_sets.jsonl").read_text().splitlines()[1:]]
+    assert all(any(row["frozen"][s][mb] == [] for mb in range(4)) for row in sets for s in (0, 1))
+    assert [r["loss"] for r in measuring] == [r["loss"] for r in fixed]  # ... and learns what the plan does
 
 
 @pytest.mark.slow
