@@ -29,7 +29,11 @@ timely-goodput-seeded-inert (also no noise measurement and no drift re-plans: th
 timely-goodput-seeded-nowarmup-rescale (no warm-up, with --grad-rescale: its measured steps, which leave whole
 micro-batches unfrozen, then no longer change a gradient's scale against Adam's second moment; docs/results.md, "A
 paired branch as the learning price"; rule fixed at 10:26 UTC 2026-12-07 before it ran: better than
--nowarmup at all three scratch seeds, then crossing and fine-tuning held out).
+-nowarmup at all three scratch seeds, then crossing and fine-tuning held out); timely-goodput-seeded-measureonly (no
+warm-up, the noise measured as the seeded mode does but no re-plans: what its measured steps alone cost; since
+169211c their blocks' gradients for tensors the plan freezes are shadows, tfrun.freeze.noise Note [shadow
+gradients], so they change no update; the run still differs from the fixed goodput plan's, whose --freeze plan
+runs the auto freeze policy where the online goodput mode's orders tensors by their measured noise).
 
 Equal time is measured twice: raw (each run's own wall time, which carries the machine's drift between runs) and
 paired (`tfrun retime` over all of a seed's runs at once, then `tfrun compare --paired`: tfrun.retime Note
