@@ -120,8 +120,12 @@ def test_pipeline_equals_the_single_process_reference(runs, single, reference, n
     config, exported = _exported(runs / name, tmp_path / "hf")
     assert config["tie_word_embeddings"] is True and "lm_head.weight" not in exported  # stored once
     assert set(exported) == set(reference[1]) == set(one_weights)
+    # Two replicas average their gradients ((g_a + g_b) / 2) where one process sums them, a rounding that Adam's
+    # normalisation amplifies where a gradient is near zero: 3.0e-6 at most after 4 steps in a fresh environment of
+    # 2026-12-07 (o_proj of layer 2), against 1e-6 without data parallelism
+    atol = 1e-5 if name.endswith("dp2") else 1e-6
     for key, value in one_weights.items():
-        assert torch.allclose(exported[key], value, rtol=0, atol=1e-6), (key, (exported[key] - value).abs().max())
+        assert torch.allclose(exported[key], value, rtol=0, atol=atol), (key, (exported[key] - value).abs().max())
 
 
 def test_freezing_keeps_the_copies_identical_and_checkpoints_store_the_matrix_once(runs):

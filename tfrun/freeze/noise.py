@@ -27,8 +27,8 @@ noise scale as any other (|g_m|^2, and G_step = .grad plus their sum at .grad's 
 then returns zeros, so .grad holds exactly what the plan's own micro-batches give, and a tensor only shadows reached
 gets no .grad (as under the plan: no Adam moment update, no decay). The update is then the plan's, bit for bit, and
 a measured step is not a switch of the gradient's scale under Adam's second moment. While those micro-batches
-trained, the seeded goodput mode measuring without re-plans kept 0.72 / 0.70 of a step's progress from scratch
-(data seeds 0 / 1) where with shadows it keeps 0.88 / 0.80, and 0.82 against 0.78 in the crossing regime
+trained, the seeded goodput mode measuring without re-plans kept 0.72 / 0.70 / 0.78 of a step's progress from
+scratch (data seeds 0 / 1 / 2) where with shadows it keeps 0.88 / 0.80 / 0.85, and 0.82 against 0.78 crossing
 (docs/results.md, "Shadow gradients"): an effect of either sign that no learning model prices. `--grad-rescale`
 and the freezer's stats count the shadows as frozen (tfrun.distributed.runtime); timing counts what ran.
 
