@@ -176,9 +176,8 @@ def build_rank(config: TrainConfig, device: torch.device, *, signal=None, freeze
     noise.shadow = freezer.shadowed  # Note [shadow gradients] in tfrun.freeze.noise
     for s, stage in zip(local, stages):
         noise.microbatch_of[s] = functools.partial(backward_microbatch, stage)
-    if noise.sequences is not None:  # per-sequence values wait for their micro-batch's gradient (noise_perseq)
-        for s, stage in zip(local, stages):
-            noise.sequences.microbatch_of[s] = functools.partial(backward_microbatch, stage)
+        if noise.sequences is not None:  # per-sequence values wait for their micro-batch's gradient (noise_perseq)
+            noise.sequences.microbatch_of[s] = noise.microbatch_of[s]
             noise.sequences.forward_of[s] = functools.partial(forward_microbatch, stage)
     runtime = build_schedule(config.order, stages, config.num_microbatches, _loss(state, stages), pp_rank, timer)
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]

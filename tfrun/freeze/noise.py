@@ -102,6 +102,7 @@ class NoiseMeter:
         gradients]; the training loop sets tfrun.freeze.freezing.Freezer.shadowed); None: no shadows."""
         self.microbatch_of: dict[int, Callable[[], int | None]] = {}
         """Stage -> the micro-batch its backward runs now (tfrun.distributed.runtime.backward_microbatch)."""
+        self._index = {s: {name: i for i, name in enumerate(names)} for s, names in self.names.items()}
         self._step = -1
         self._shadowed_of: dict[tuple[int, int | None], frozenset[int]] = {}
         self._shadow: dict[int, dict[int, torch.Tensor]] = {s: {} for s in modules}
@@ -141,7 +142,7 @@ class NoiseMeter:
         mb = self.microbatch_of[stage]()
         got = self._shadowed_of.get((stage, mb))
         if got is None:
-            index = {name: i for i, name in enumerate(self.names[stage])}
+            index = self._index[stage]
             got = self._shadowed_of[(stage, mb)] = frozenset(
                 index[n] for n in self.shadow(self._step, stage, mb)) if mb is not None else frozenset()
         return got
