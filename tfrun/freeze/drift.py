@@ -6,6 +6,14 @@ ratio measured / expected of some (stage, kind) is off by more than `replan_thre
 costs (both ends) are scaled by the ratio and the LP is solved again, from the next step, without a ramp.
 Medians over a window of steps x micro-batches make a single slow step harmless.
 
+Note [unmeasured end]: a heavily frozen stage runs almost no backward unfrozen (and the measured steps' unfrozen
+blocks are not judged), so a window may measure only its frozen end. Scaling that end alone by a machine-wide
+slow-down (a profile from a faster machine: x1.9 on every measured kind, 2026-12-07) met the clamp frozen <= unfrozen
+and made freezing that stage save nothing: the re-plan dropped it from 0.89 to 0.0, and the replan bound then took
+60 steps to climb back. Without evidence on the other end, the line keeps its shape: an end with no samples in the
+window is scaled by its drifted partner's ratio, recorded under the partner's key with INFERRED appended (a later
+window that measures it corrects it).
+
 The check costs a gather of the window's records on every rank and the judgement on rank 0; it runs between
 steps, so a run's wall time (tfrun.measure.wallclock) carries it.
 """
@@ -27,6 +35,8 @@ MIN_DRIFT_SAMPLES = 8
 FIELDS = {"F": ("forward_ms",), "B": ("backward_ms", "backward_frozen_ms"), "I": ("backward_input_ms",),
           "W": ("backward_weight_ms", "backward_weight_frozen_ms")}
 """Kind -> the profile fields of its unfrozen time and (freezable kinds) its frozen time."""
+INFERRED = "~"
+"""Appended to a drifted end's key when it was not measured but scaled as its partner (Note [unmeasured end])."""
 
 
 class DriftMonitor:
@@ -69,8 +79,16 @@ class DriftMonitor:
         return drift(plan, [row for part in parts for row in part])
 
     def drifted(self, ratios: dict[str, float]) -> dict[str, float]:
-        """The (stage, kind) ends off by more than the threshold."""
-        return {k: v for k, v in ratios.items() if abs(v - 1.0) > self.threshold}
+        """The (stage, kind) ends off by more than the threshold, and each one's partner end that the window did not
+        measure at all, at the same ratio (Note [unmeasured end]; its key ends in INFERRED)."""
+        found = {k: v for k, v in ratios.items() if abs(v - 1.0) > self.threshold}
+        for key, ratio in list(found.items()):
+            base, _, frozen = key.partition("-")
+            if base[-1] in FREEZABLE:
+                partner = base if frozen else f"{base}-frozen"
+                if partner not in ratios:
+                    found[partner + INFERRED] = ratio
+        return found
 
 
 def drift(plan: plan_mod.Plan, rows: list[tuple[str, float, float]]) -> dict[str, float]:
@@ -107,7 +125,7 @@ def scaled_profile(plan: plan_mod.Plan, drifted: dict[str, float]) -> profile_mo
     times kept at or below unfrozen ones)."""
     costs = list(plan.dag.stage_costs)
     for key, ratio in drifted.items():
-        base, _, frozen = key.partition("-")
+        base, _, frozen = key.removesuffix(INFERRED).partition("-")
         s, kind = int(base[:-1]), base[-1]
         fields = FIELDS[kind][1:] if frozen else FIELDS[kind][:1]
         costs[s] = replace(costs[s], **{f: getattr(costs[s], f) * ratio for f in fields})
@@ -121,7 +139,9 @@ def scaled_profile(plan: plan_mod.Plan, drifted: dict[str, float]) -> profile_mo
 def describe(drifted: dict[str, float]) -> str:
     """The re-plan's reason: "drift: stage 1 F x1.30, stage 0 B frozen x0.80"."""
     def words(key: str) -> str:
-        base, _, frozen = key.partition("-")
+        base, _, frozen = key.removesuffix(INFERRED).partition("-")
         return f"{base[:-1]} {base[-1]}" + (" frozen" if frozen else "")
 
-    return "drift: " + ", ".join(f"stage {words(k)} x{v:.2f}" for k, v in sorted(drifted.items()))
+    return "drift: " + ", ".join(f"stage {words(k)} x{v:.2f}" + (" (not measured: as its other end)" if
+                                                                  k.endswith(INFERRED) else "")
+                                 for k, v in sorted(drifted.items()))

@@ -33,11 +33,22 @@ def test_drift_leaves_out_partial_shares_and_scales_each_end_alone():
     rows += [("1F0", 30.0, 0.0)] * 3  # too few samples to judge
     measured = drift(p, rows)
     assert measured == pytest.approx({"0B": 1.0, "1B-frozen": 1.5})
-    drifted = DriftMonitor(window=5, threshold=0.1).drifted(measured)
+    monitor = DriftMonitor(window=5, threshold=0.1)
+    # stage 1's unfrozen end had no sample: scaled as its frozen end (Note [unmeasured end]), not kept at 40 ms,
+    # where the clamp frozen <= unfrozen would have made freezing stage 1 save 10 ms instead of 30
+    drifted = monitor.drifted(measured)
+    assert drifted == pytest.approx({"1B-frozen": 1.5, "1B~": 1.5})
+    scaled = scaled_profile(p, drifted)
+    assert scaled.stages[1].backward_frozen_ms == pytest.approx(30.0)
+    assert scaled.stages[1].backward_ms == pytest.approx(60.0)
+    assert scaled.stages[0] == p.dag.stage_costs[0] and scaled.name.endswith("-rescaled")
+    # an end measured as planned stays as planned: each measured end is scaled alone
+    drifted = monitor.drifted({**measured, "1B": 1.02})
     assert drifted == pytest.approx({"1B-frozen": 1.5})
     scaled = scaled_profile(p, drifted)
     assert scaled.stages[1].backward_frozen_ms == pytest.approx(30.0) and scaled.stages[1].backward_ms == 40.0
-    assert scaled.stages[0] == p.dag.stage_costs[0] and scaled.name.endswith("-rescaled")
+    # forward kinds have one end: nothing to infer
+    assert monitor.drifted({"1F": 1.5}) == pytest.approx({"1F": 1.5})
 
 
 def test_drift_is_the_median_ratio_of_measured_to_planned_times():
@@ -54,6 +65,8 @@ def test_drift_is_the_median_ratio_of_measured_to_planned_times():
     scaled = scaled_profile(p, {"1F": 1.5})
     assert scaled.stages[1].forward_ms == pytest.approx(15.0) and scaled.stages[0].backward_ms == 20.0
     assert describe({"1F": 1.5, "0B-frozen": 0.8}) == "drift: stage 0 B frozen x0.80, stage 1 F x1.50"
+    assert describe({"1B-frozen": 1.9, "1B~": 1.9}) == ("drift: stage 1 B frozen x1.90, "
+                                                        "stage 1 B x1.90 (not measured: as its other end)")
 
 
 def test_the_monitor_keeps_two_windows_of_shares_and_checks_at_each_windows_end(tmp_path):
