@@ -2,17 +2,18 @@
 
 Note [drift]: every `replan_window` steps of the stable phase, each measured action is compared with the
 plan's duration for the share it actually froze (d_max - share (d_max - d_min), dispatch aside); if the median
-ratio measured / expected of some (stage, kind) is off by more than `replan_threshold`, that stage-kind's
-costs (both ends) are scaled by the ratio and the LP is solved again, from the next step, without a ramp.
+ratio measured / expected of some (stage, kind) end (its unfrozen or its fully frozen time) is off by more than
+`replan_threshold`, that end is scaled by its ratio and the LP is solved again, from the next step, without a ramp.
 Medians over a window of steps x micro-batches make a single slow step harmless.
 
 Note [unmeasured end]: a heavily frozen stage runs almost no backward unfrozen (and the measured steps' unfrozen
 blocks are not judged), so a window may measure only its frozen end. Scaling that end alone by a machine-wide
-slow-down (a profile from a faster machine: x1.9 on every measured kind, 2026-12-07) met the clamp frozen <= unfrozen
-and made freezing that stage save nothing: the re-plan dropped it from 0.89 to 0.0, and the replan bound then took
-60 steps to climb back. Without evidence on the other end, the line keeps its shape: an end with no samples in the
-window is scaled by its drifted partner's ratio, recorded under the partner's key with INFERRED appended (a later
-window that measures it corrects it).
+slow-down (a profile from a faster machine: x1.9 on every measured kind, 2026-12-07) met the clamp frozen <=
+unfrozen and made freezing that stage save nothing: the re-plan dropped it from 0.89 to 0.0, and under the replan
+bound it climbed back 0.25 a re-plan (0.75 at step 80 of 100; docs/results.md, "The registered rule, decided
+alone"). Without evidence on the other end, the line keeps its shape: an end with no samples in the window is
+scaled by its drifted partner's ratio, recorded under the partner's key with INFERRED appended (a later window
+that measures it corrects it).
 
 The check costs a gather of the window's records on every rank and the judgement on rank 0; it runs between
 steps, so a run's wall time (tfrun.measure.wallclock) carries it.
