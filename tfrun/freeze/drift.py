@@ -40,6 +40,12 @@ INFERRED = "~"
 """Appended to a drifted end's key when it was not measured but scaled as its partner (Note [unmeasured end])."""
 
 
+def _end(key: str) -> tuple[int, str, bool]:
+    """A drift key ("1B", "0W-frozen", "1B~") as (stage, kind, whether it is the frozen end)."""
+    base, _, frozen = key.removesuffix(INFERRED).partition("-")
+    return int(base[:-1]), base[-1], bool(frozen)
+
+
 class DriftMonitor:
     """The shares each local (stage, micro-batch) froze in recent steps, and the drift check over them."""
 
@@ -84,11 +90,10 @@ class DriftMonitor:
         measure at all, at the same ratio (Note [unmeasured end]; its key ends in INFERRED)."""
         found = {k: v for k, v in ratios.items() if abs(v - 1.0) > self.threshold}
         for key, ratio in list(found.items()):
-            base, _, frozen = key.partition("-")
-            if base[-1] in FREEZABLE:
-                partner = base if frozen else f"{base}-frozen"
-                if partner not in ratios:
-                    found[partner + INFERRED] = ratio
+            stage, kind, frozen = _end(key)
+            partner = f"{stage}{kind}" + ("" if frozen else "-frozen")
+            if kind in FREEZABLE and partner not in ratios:
+                found[partner + INFERRED] = ratio
         return found
 
 
@@ -126,8 +131,7 @@ def scaled_profile(plan: plan_mod.Plan, drifted: dict[str, float]) -> profile_mo
     times kept at or below unfrozen ones)."""
     costs = list(plan.dag.stage_costs)
     for key, ratio in drifted.items():
-        base, _, frozen = key.removesuffix(INFERRED).partition("-")
-        s, kind = int(base[:-1]), base[-1]
+        s, kind, frozen = _end(key)
         fields = FIELDS[kind][1:] if frozen else FIELDS[kind][:1]
         costs[s] = replace(costs[s], **{f: getattr(costs[s], f) * ratio for f in fields})
     for s, c in enumerate(costs):
@@ -140,9 +144,9 @@ def scaled_profile(plan: plan_mod.Plan, drifted: dict[str, float]) -> profile_mo
 def describe(drifted: dict[str, float]) -> str:
     """The re-plan's reason: "drift: stage 1 F x1.30, stage 0 B frozen x0.80"."""
     def words(key: str) -> str:
-        base, _, frozen = key.removesuffix(INFERRED).partition("-")
-        return f"{base[:-1]} {base[-1]}" + (" frozen" if frozen else "")
+        stage, kind, frozen = _end(key)
+        return f"stage {stage} {kind}" + (" frozen" if frozen else "")
 
-    return "drift: " + ", ".join(f"stage {words(k)} x{v:.2f}" + (" (not measured: as its other end)" if
-                                                                  k.endswith(INFERRED) else "")
+    return "drift: " + ", ".join(f"{words(k)} x{v:.2f}" + (" (not measured: as its other end)" if
+                                                           k.endswith(INFERRED) else "")
                                  for k, v in sorted(drifted.items()))
