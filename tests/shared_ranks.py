@@ -10,9 +10,10 @@ the summary, or (tfplan profile) tfplan.cost.measured's `python -m tfrun profile
 launch.launch for each measuring run; and every rank runs tfrun.cli.worker.main on that run_config.json, as the
 processes torchrun starts do. Only the process creation is replaced: tfplan.cost.measured's subprocess runs tfrun's CLI
 in the launcher's process, and launch's forked ranks (launch.start_ranks) become a message to ranks that are already
-running in one gloo group (spawned once; the group is kept between jobs, so run_worker's teardown of it is skipped),
-with the environment launch gives its ranks. A real `tfrun train` pays the launcher's imports (torch and its
-pipelining package, about 4 s on 2 cores) before its first step.
+running in one gloo group (started once per call, forked from the test process where that is safe:
+tests/rank_processes.py; the group is kept between jobs, so run_worker's teardown of it is skipped), with the
+environment launch gives its ranks. A real `tfrun train` pays the launcher's imports (torch and its pipelining
+package, about 4 s on 2 cores) before its first step.
 
 What this leaves out, the real launch, is tested with real processes in tests/tfrun/test_train.py (outputs, a
 signal to the launcher, a killed rank, joining an external torchrun) and tests/tfrun/distributed/test_rank.py.
@@ -36,12 +37,12 @@ command will change."""
 
 
 def run(commands: list[Command], ranks: int, work_dir: Path) -> list[subprocess.CompletedProcess]:
-    """Run `commands` in order on `ranks` spawned processes; one CompletedProcess per command: the launcher's
+    """Run `commands` in order on `ranks` rank processes; one CompletedProcess per command: the launcher's
     exit code, its stdout (with the ranks' stdout, as under `tfrun train`) and its stderr."""
-    import torch.multiprocessing as mp
+    from tests import rank_processes
 
     work_dir.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_rank_main, args=(ranks, commands, str(work_dir)), nprocs=ranks, join=True)
+    rank_processes.start(_rank_main, (ranks, commands, str(work_dir)), ranks)
     results = []
     for i, (argv, *_) in enumerate(commands):
         code = json.loads((work_dir / f"cmd{i}.json").read_text())["returncode"]
@@ -51,7 +52,7 @@ def run(commands: list[Command], ranks: int, work_dir: Path) -> list[subprocess.
 
 
 def run_one(argv: list[str], work_dir: Path, ranks: int = 2) -> subprocess.CompletedProcess:
-    """One command (tfrun or tfplan, then its arguments) on freshly spawned ranks: run() of a single command."""
+    """One command (tfrun or tfplan, then its arguments) on fresh ranks: run() of a single command."""
     return run([(argv, {})], ranks, work_dir)[0]
 
 

@@ -60,12 +60,10 @@ def _free_port() -> int:
 
 def _run(cases, world, tmp_path_factory):
     torch_or_skip()
-    import torch.multiprocessing as mp
-
-    from tests import pipeline_harness
+    from tests import pipeline_harness, rank_processes
 
     out = tmp_path_factory.mktemp(f"pipe{world}")
-    mp.spawn(pipeline_harness.worker, args=(world, _free_port(), cases, str(out)), nprocs=world, join=True)
+    rank_processes.start(pipeline_harness.worker, (world, _free_port(), cases, str(out)), world)
     return out
 
 

@@ -154,7 +154,9 @@ def test_two_replicas_agree_with_one_process_on_the_same_data(tmp_path):
     # The same micro-batches (16 tokens), split in two halves of 8 tokens over two replicas: the replicas'
     # small gradients are of 8 tokens and their mean is the one process's; the estimates agree within 10%.
     one, _ = _measure(steps=100, m=16, tokens=16, seed=1)
-    torch.multiprocessing.spawn(_dp_worker, args=(str(tmp_path / "pg"), str(tmp_path / "est")), nprocs=2)
+    from tests import rank_processes
+
+    rank_processes.start(_dp_worker, (str(tmp_path / "pg"), str(tmp_path / "est")), 2)
     (two, shadowed) = zip(*(torch.load(f"{tmp_path / 'est'}.{r}") for r in (0, 1)))
     assert two[0] == two[1]  # every replica holds the same estimate
     assert two[0] == pytest.approx(one, rel=0.10)
