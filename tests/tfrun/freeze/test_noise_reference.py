@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 from tests.conftest import torch_or_skip
 
 SEQUENCES, STEPS, M, MB_SIZE, SEQ = 192, 12, 4, 4, 64
 
 
+@pytest.mark.slow  # 192 sequences' own backwards and a 12-step stream: about 20 s on the 2-core VM
 def test_every_estimator_lands_within_a_factor_1_3_of_the_definition() -> None:
     torch = torch_or_skip()
     from tfrun.config.train_config import NOISE_ESTIMATORS, NOISE_MEASURES

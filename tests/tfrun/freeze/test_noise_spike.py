@@ -62,6 +62,7 @@ def moves() -> dict[tuple[str, str], list[float]]:
     return planted_outlier(tuple({"ema", DEFAULT_NOISE_ESTIMATOR}), tuple({"microbatch", DEFAULT_NOISE_MEASURE}))
 
 
+@pytest.mark.slow  # two 14-step streams of per-sequence norms: about 20 s on the 2-core VM
 def test_the_default_estimator_moves_less_than_the_bound_where_the_published_form_moves_several_fold(moves):
     from tfrun.config.train_config import DEFAULT_NOISE_ESTIMATOR, DEFAULT_NOISE_MEASURE
 
