@@ -5,8 +5,8 @@
 A spawned rank imports torch, its pipelining package and tfrun again (4-5 s a rank, both at once on 2 cores,
 measured 2026-12-07 on the 2-core AMD EPYC VM); a forked one starts in milliseconds, as tfrun's own launcher forks
 its ranks (tfrun/distributed/launch.py Note [forked ranks]). Forking is safe only from a process that holds no
-other Python thread, no process group and no OpenMP team; the suite runs torch on one thread (tests/conftest.py),
-and where any of the three does not hold the ranks are spawned, as before.
+other Python thread, no process group, no OpenMP team and no CUDA context; the suite runs torch on one thread
+(tests/conftest.py), and where any of these does not hold the ranks are spawned, as before.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import gc
 import logging
 import sys
 import threading
+import warnings
 
 
 def preload() -> None:
@@ -36,25 +37,35 @@ def _stop_tqdm_monitors() -> None:
             thread.exit()
 
 
-def fork_is_safe() -> bool:
-    """Whether a forked child of this process starts in a consistent state: no other Python thread (whose locks
-    the child would inherit held), no process group (the child makes its own) and torch on one thread (an OpenMP
-    team does not survive a fork)."""
+def fork_blockers() -> list[str]:
+    """What keeps a forked child of this process from starting in a consistent state (empty: forking is safe):
+    another Python thread (whose locks the child would inherit held), a process group (the child makes its own),
+    torch on more than one thread (an OpenMP team does not survive a fork), CUDA initialised (nor does it)."""
     import torch
     import torch.distributed as dist
 
-    return threading.active_count() == 1 and not dist.is_initialized() and torch.get_num_threads() == 1
+    blockers = [f"thread {t.name!r}" for t in threading.enumerate() if t is not threading.main_thread()]
+    if dist.is_initialized():
+        blockers.append("a process group")
+    if torch.get_num_threads() != 1:
+        blockers.append(f"torch on {torch.get_num_threads()} threads")
+    if torch.cuda.is_initialized():
+        blockers.append("CUDA initialised")
+    return blockers
 
 
 def start(fn, args: tuple, nprocs: int) -> None:
-    """fn(rank, *args) in `nprocs` processes, forked when that is safe (else spawned); returns once all have
-    exited, raising as torch.multiprocessing.spawn does when one of them failed."""
+    """fn(rank, *args) in `nprocs` processes, forked when that is safe (else spawned, with a warning in pytest's
+    summary: the suite then pays the ranks' imports again); returns once all have exited, raising as
+    torch.multiprocessing.spawn does when one of them failed."""
     import torch.multiprocessing as mp
 
     preload()
     _stop_tqdm_monitors()
-    method = "fork" if fork_is_safe() else "spawn"
-    mp.start_processes(_rank, args=(fn, *args), nprocs=nprocs, join=True, start_method=method)
+    blockers = fork_blockers()
+    if blockers:
+        warnings.warn(f"rank processes spawned, not forked: {', '.join(blockers)}", stacklevel=2)
+    mp.start_processes(_rank, args=(fn, *args), nprocs=nprocs, join=True, start_method="spawn" if blockers else "fork")
 
 
 def _rank(rank: int, fn, *args) -> None:
