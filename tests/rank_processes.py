@@ -12,6 +12,7 @@ other Python thread, no process group, no OpenMP team and no CUDA context; the s
 from __future__ import annotations
 
 import gc
+import importlib
 import logging
 import sys
 import threading
@@ -20,12 +21,13 @@ import warnings
 
 def preload() -> None:
     """Import what the ranks of tfrun's jobs import, once in this process, so that forked ranks inherit it."""
-    import torch.distributed.pipelining  # noqa: F401  (torch._dynamo and torch.distributed.tensor with it)
-
     import tfplan.cli.app  # noqa: F401
     import tfrun.cli.app  # noqa: F401
-    import tfrun.cli.worker  # noqa: F401
-    import tfrun.distributed.launch  # noqa: F401
+    from tfrun.distributed import launch, runtime
+
+    runtime.check_torch()  # imports torch.distributed.pipelining (torch._dynamo with it), as tfrun's set-up does
+    for name in launch.WARM_MODULES:
+        importlib.import_module(name)
 
 
 def _stop_tqdm_monitors() -> None:

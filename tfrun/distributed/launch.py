@@ -173,7 +173,7 @@ RANK_MODULE = "tfrun.cli.worker"
 """The module each rank runs (its main([CONFIG])), named as `python -m` names it: it sits above this layer."""
 WARM_MODULES = (RANK_MODULE, "tfrun.train", "tfrun.retime")
 """What every rank imports, imported once in the launcher before the fork (Note [forked ranks]); tfrun.train brings
-torch and torch.distributed.pipelining (through tfrun.distributed.runtime)."""
+torch, and the set-up's tfrun.distributed.runtime.check_torch has imported torch.distributed.pipelining."""
 
 
 def start_ranks(config_path: Path, world: int, env: dict[str, str], stderr: IO | None, threads: int) -> LocalJob:
