@@ -11,9 +11,10 @@ blocks are not judged), so a window may measure only its frozen end. Scaling tha
 slow-down (a profile from a faster machine: x1.9 on every measured kind, 2026-12-07) met the clamp frozen <=
 unfrozen and made freezing that stage save nothing: the re-plan dropped it from 0.89 to 0.0, and under the replan
 bound it climbed back 0.25 a re-plan (0.75 at step 80 of 100; docs/results.md, "The registered rule, decided
-alone"). Without evidence on the other end, the line keeps its shape: an end with no samples in the window is
-scaled by its drifted partner's ratio, recorded under the partner's key with INFERRED appended (a later window
-that measures it corrects it).
+alone"). Without evidence on the other end, the line keeps its shape: an end the window did not judge (fewer than
+MIN_DRIFT_SAMPLES samples at its share, or a sub-millisecond expected time: `drift`) is scaled by its drifted
+partner's ratio, recorded under the partner's key with INFERRED appended (a later window that judges it corrects
+it).
 
 The check costs a gather of the window's records on every rank and the judgement on rank 0; it runs between
 steps, so a run's wall time (tfrun.measure.wallclock) carries it.
@@ -87,7 +88,7 @@ class DriftMonitor:
 
     def drifted(self, ratios: dict[str, float]) -> dict[str, float]:
         """The (stage, kind) ends off by more than the threshold, and each one's partner end that the window did not
-        measure at all, at the same ratio (Note [unmeasured end]; its key ends in INFERRED)."""
+        judge (absent from `ratios`), at the same ratio (Note [unmeasured end]; its key ends in INFERRED)."""
         found = {k: v for k, v in ratios.items() if abs(v - 1.0) > self.threshold}
         for key, ratio in list(found.items()):
             stage, kind, frozen = _end(key)
