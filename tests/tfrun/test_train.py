@@ -155,7 +155,8 @@ def shared_runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedP
     (root / "eval").mkdir()
     for schedule in V_SCHEDULES:
         commands[schedule] = ["tfrun", "train", "--plan", str(_plan(root / "eval", schedule)), "--freeze", "none",
-                              "--steps", "2", "--eval-every", "1", "--out", str(root / "eval" / schedule), *FAST]
+                              "--steps", "2", "--eval-every", "1", "--eval-batches", "1",
+                              "--out", str(root / "eval" / schedule), *FAST]
     commands["profile"] = ["tfplan", "profile", "--model", "tiny", "--stages", "2", "--microbatches", "4", "--steps",
                            "3", "--microbatch-size", "1", "--seq-len", "16", "--output", str(root / "profile.json"),
                            "--work-dir", str(root / "profile-runs")]

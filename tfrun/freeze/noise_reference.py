@@ -135,6 +135,10 @@ def exact(stages: dict[int, nn.Module], loss_fn, inputs: torch.Tensor, targets: 
     return {s: b for s, (b, _) in reference.scales().items()}
 
 
+Raw = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""One stage's step estimates as NoiseMeter.raw holds them: per tensor |G|^2, tr(Sigma) and whether usable."""
+
+
 def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: int, num_microbatches: int,
                       estimators: tuple[str, ...], window: int = 8,
                       measures: tuple[str, ...] = (DEFAULT_NOISE_MEASURE,)
@@ -145,24 +149,33 @@ def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: 
     measure is the estimator's small batch
     (tfrun.freeze.noise Note [noise measure]), or `sequence-exact`: per-sequence norms without the linear layers'
     sketch (tfrun.freeze.noise_perseq Note [sketched norms]), to tell the sketch's error from the estimator's."""
-    meters = {}  # one meter (hooks, norms) per measure; its step estimates feed every estimator's smoother
+    raws = pipeline_raw(stages, loss_fn, batches, steps=range(steps), num_microbatches=num_microbatches,
+                        measures=measures)
+    return smooth(raws, estimators, window)
+
+
+def pipeline_raw(stages: dict[int, nn.Module], loss_fn, batches, *, steps, num_microbatches: int,
+                 measures: tuple[str, ...] = (DEFAULT_NOISE_MEASURE,)) -> dict[str, list[dict[int, Raw]]]:
+    """measure -> per step of `steps` (an iterable of step numbers), stage -> the NoiseMeter's step estimates
+    (before any smoothing) at these fixed weights. A step's estimates depend on its own batch and number alone,
+    so a stream that differs from another at one step needs only that step measured (tests/tfrun/freeze/
+    test_noise_spike.py)."""
+    meters = {}  # one meter (hooks, norms) per measure, all fed by the same backward passes
     for measure in measures:
         meter = NoiseMeter(stages, {s: candidates(m) for s, m in stages.items()}, num_microbatches=num_microbatches,
                            microbatch_tokens=batches.global_batch // num_microbatches * batches.seq_len,
-                           every=1, estimator=estimators[0], window=window, measure=measure.removesuffix("-exact"))
+                           every=1, measure=measure.removesuffix("-exact"))
         if measure.endswith("-exact"):
             meter.sequences.sketch = 0
         meters[measure] = meter
-    smoothers = {(measure, e): {s: TensorNoise(e, len(meter.names[s]), window) for s in stages}
-                 for measure, meter in meters.items() for e in estimators}
     params = [p for m in stages.values() for p in m.parameters()]
-    out: dict[tuple[str, str], list] = {key: [] for key in smoothers}
+    out: dict[str, list[dict[int, Raw]]] = {measure: [] for measure in meters}
     current = [0]  # the micro-batch in backward, as a pipeline stage tells it (noise_perseq)
     for meter in meters.values():
         if meter.sequences is not None:
             meter.sequences.microbatch_of.update({s: lambda: current[0] for s in stages})
     try:
-        for step in range(steps):
+        for step in steps:
             x, y = batches.batch_at(step)
             for meter in meters.values():
                 meter.begin_step(step)
@@ -172,19 +185,32 @@ def pipeline_estimate(stages: dict[int, nn.Module], loss_fn, batches, *, steps: 
             for p in params:  # .grad = their mean, as the runtime's scale_grads leaves it
                 if p.grad is not None:
                     p.grad /= num_microbatches
-            for meter in meters.values():
+            for measure, meter in meters.items():
                 meter.after_reduce(stages)
-            for (measure, estimator), per_stage in smoothers.items():
-                estimates = {}
-                for s, smoother in per_stage.items():
-                    smoother.add(*meters[measure].raw[s])
-                    if (value := smoother.stage()) is not None:
-                        estimates[s] = value
-                out[measure, estimator].append({s: noise_scale(*estimates[s]) if s in estimates else None
-                                                for s in stages})
+                out[measure].append(dict(meter.raw))
             for p in params:
                 p.grad = None
     finally:
         for meter in meters.values():
             meter.close()
+    return out
+
+
+def smooth(raws: dict[str, list[dict[int, Raw]]], estimators: tuple[str, ...], window: int = 8
+           ) -> dict[tuple[str, str], list[dict[int, float | None]]]:
+    """(measure, estimator) -> per step, stage -> the noise scale (tokens) each estimator makes of `raws`'s step
+    estimates in order (pipeline_raw), as the meter's own smoother would."""
+    out: dict[tuple[str, str], list] = {}
+    for measure, steps in raws.items():
+        stages = sorted(steps[0]) if steps else []
+        for estimator in estimators:
+            smoothers = {s: TensorNoise(estimator, len(steps[0][s][0]), window) for s in stages}
+            trail = out[measure, estimator] = []
+            for step in steps:
+                estimates = {}
+                for s, smoother in smoothers.items():
+                    smoother.add(*step[s])
+                    if (value := smoother.stage()) is not None:
+                        estimates[s] = value
+                trail.append({s: noise_scale(*estimates[s]) if s in estimates else None for s in stages})
     return out

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import torch_or_skip
 
-FAST = ["--microbatch-size", "2", "--seq-len", "32", "--quiet"]
+FAST = ["--microbatch-size", "2", "--seq-len", "32", "--quiet", "--eval-batches", "1"]  # no test reads an eval loss
 SHORT = ["--warmup-steps", "2", "--monitor-steps", "4", "--probe-steps", "2", "--ramp-steps", "3"]
 
 
