@@ -33,7 +33,7 @@ def trained(tmp_path_factory):
     for family in FAMILIES:
         make_family(root / family, family, seed=3, scale=5.0)
         commands.append((["tfrun", "train", "--plan", str(plan), "--freeze", "none", "--model",
-                          f"hf:{root / family}", "--steps", str(STEPS), "--lr", LR, "--out",
+                          f"hf:{root / family}", "--steps", str(STEPS), "--lr", LR, "--eval-batches", "1", "--out",
                           str(root / "runs" / family), *FAST], {}))
     results = shared_ranks.run(commands, 2, root / "harness")
     for family, proc in zip(FAMILIES, results):

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 STEPS, LR, CLIP, M, MB, SEQ = 4, "2e-3", "0.5", 4, 2, 32
 COMMON = ["--steps", str(STEPS), "--lr", LR, "--clip-grad-norm", CLIP, "--microbatch-size", str(MB), "--seq-len",
-          str(SEQ), "--quiet"]
+          str(SEQ), "--quiet", "--eval-batches", "1"]  # (no test reads an eval loss)
 RUNS = {  # name -> (world size, plan's (schedule, ranks), extra options)
     "s1": (1, ("1f1b", 1), ["--freeze", "none"]),  # the single-process reference: one tied parameter
     "s2": (2, ("1f1b", 2), ["--freeze", "none", "--checkpoint-every", "2"]),

@@ -172,8 +172,8 @@ def baseline_runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.Complete
     # with a faster average and a looser threshold.
     commands = [(["tfrun", "train", "--plan", str(plan_path), "--freeze", freeze, "--steps", "40", "--out",
                   str(root / freeze), "--microbatch-size", "2", "--seq-len", "32", "--quiet", "--eval-every", "20",
-                  "--apf-check-every", "5", "--apf-ema", "0.9", "--apf-threshold", "0.6", "--autofreeze-check-every",
-                  "5", "--lr", "1e-3"], {}) for freeze in BASELINES]
+                  "--eval-batches", "1", "--apf-check-every", "5", "--apf-ema", "0.9", "--apf-threshold", "0.6",
+                  "--autofreeze-check-every", "5", "--lr", "1e-3"], {}) for freeze in BASELINES]
     return root, dict(zip(BASELINES, shared_ranks.run(commands, 2, root / "harness")))
 
 
