@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import torch_or_skip
 
-FAST = ["--microbatch-size", "2", "--seq-len", "32", "--quiet", "--force", "--eval-batches", "1"]
+FAST = ["--microbatch-size", "2", "--seq-len", "32", "--quiet", "--force", "--eval-batches", "1"]  # (eval: steps only)
 
 
 def _rows(out: Path) -> list[dict]:

@@ -8,7 +8,8 @@ windows of the training data) and g the mean of the g_j,
 and B = seq_len x tr(Sigma_seq) / |G|^2 in tokens, per stage over its tensors, as tfrun.freeze.noise counts it
 (a micro-batch of b sequences is b x seq_len tokens). Plain loops, one backward per sequence, float64 sums.
 `pipeline_estimate` feeds the same weights' micro-batches to the pipeline's own NoiseMeter, step after step, as a
-rank does (every micro-batch's backward reaches the hooks, .grad holds their mean), without changing the weights.
+rank does (every micro-batch's backward reaches the hooks, .grad holds their mean), without changing the weights:
+`pipeline_raw` measures the steps, `smooth` runs each estimator over what they measured.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Spike injection (issue 36): one outlier micro-batch, a window of a byte the corpus never has, planted in one
 step of a stream of batches at the tiny model's fixed weights (its two stages in one process, measured by the
-pipeline's own NoiseMeter as a step's micro-batches reach it: tfrun.freeze.noise_reference.pipeline_estimate).
+pipeline's own NoiseMeter as a step's micro-batches reach it: tfrun.freeze.noise_reference.pipeline_raw).
 Each estimator's value after the outlier is compared with its own value on the same stream without it, so that
 what moves is the outlier's doing, not the estimate's own noise. The published form (moving averages of
 micro-batch norms) moves several-fold and stays there; the default (tfrun.freeze.noise_estimators Note [robust
